@@ -1,0 +1,153 @@
+"""Block-aligned packing of variable-length segments for ragged attention.
+
+A ragged batch of B segments (requests, CFG branches) with lengths ``L_0 .. L_{B-1}`` is
+kept in two layouts:
+
+* **packed** — ``[T, ...]`` with ``T = sum(L_i)``: segment b occupies rows
+  ``cu_seqlens[b] : cu_seqlens[b+1]``, no padding. Activations live here (linear layers,
+  norms, MLPs never see padding). ``cu_seqlens`` is the ``cu_seqlens_q`` of
+  ``ditmem.ops.paged_attention`` for queries in this layout.
+* **blocked** — ``[num_blocks, block_size, ...]``: segment b starts on a block boundary and
+  fills ``ceil(L_b / block_size)`` consecutive blocks; the tail of its last block is zero.
+  K/V of a ragged self-attention are scattered here so that they *are* a block pool:
+  ``block_table[b]`` is the consecutive range of b's blocks, ``kv_lens[b] = L_b``.
+
+So a ragged self-attention is::
+
+    layout = PackedLayout.build(lengths, block_size=64, device=q.device)
+    out = paged_attention(q, layout.to_blocks(k), layout.to_blocks(v),
+                          layout.cu_seqlens, layout.block_table, layout.kv_lens)
+
+``block_table`` rows are padded to ``max_blocks`` with block 0 (a real block, never read
+because ``kv_lens`` bounds every request). A zero-length segment gets no block and
+``kv_lens == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_BLOCK_SIZE = 64
+
+
+def blocks_for(length: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """Number of blocks a segment of ``length`` rows occupies (pure arithmetic)."""
+    if length < 0:
+        raise ValueError(f"blocks_for: length must be >= 0, got {length}")
+    if block_size <= 0:
+        raise ValueError(f"blocks_for: block_size must be > 0, got {block_size}")
+    return -(-length // block_size)
+
+
+@dataclass(slots=True)
+class PackedLayout:
+    """Where each segment lives in the packed and in the blocked layout.
+
+    lengths: per-segment row counts (python ints); block_size: rows per block;
+    cu_seqlens: int32 [B+1] packed offsets; block_starts: first block of each segment
+    (python ints); num_blocks: blocks in the blocked layout; block_table: int32
+    [B, max_blocks]; kv_lens: int32 [B]; slots: int64 [T], row t of the packed layout goes
+    to flat row ``slots[t]`` (= block * block_size + offset) of the blocked layout;
+    segment_ids: int64 [T], which segment row t belongs to.
+    """
+
+    lengths: list[int]
+    block_size: int
+    cu_seqlens: torch.Tensor
+    block_starts: list[int]
+    num_blocks: int
+    block_table: torch.Tensor
+    kv_lens: torch.Tensor
+    slots: torch.Tensor
+    segment_ids: torch.Tensor
+
+    @staticmethod
+    def build(
+        lengths: list[int], block_size: int = DEFAULT_BLOCK_SIZE, device: torch.device | str = "cpu"
+    ) -> PackedLayout:
+        """Lay out segments of the given lengths (list of ints >= 0, at least one)."""
+        lengths = [int(n) for n in lengths]
+        if not lengths:
+            raise ValueError("PackedLayout.build: lengths is empty (need at least one segment)")
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"PackedLayout.build: negative length in lengths={lengths}")
+        if block_size <= 0:
+            raise ValueError(f"PackedLayout.build: block_size must be > 0, got {block_size}")
+        counts = [blocks_for(n, block_size) for n in lengths]
+        starts, acc = [], 0
+        for c in counts:
+            starts.append(acc)
+            acc += c
+        num_blocks = acc
+        max_blocks = max(1, max(counts))
+        table = torch.zeros(len(lengths), max_blocks, dtype=torch.int32)
+        for b, (s, c) in enumerate(zip(starts, counts, strict=True)):
+            table[b, :c] = torch.arange(s, s + c, dtype=torch.int32)
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        lens_t = torch.tensor(lengths, dtype=torch.int64)
+        segment_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens_t)
+        cu_t = torch.tensor(cu, dtype=torch.int64)
+        start_rows = torch.tensor(starts, dtype=torch.int64) * block_size
+        offsets = torch.arange(cu[-1], dtype=torch.int64) - cu_t[segment_ids]
+        slots = start_rows[segment_ids] + offsets
+        return PackedLayout(
+            lengths=lengths,
+            block_size=block_size,
+            cu_seqlens=cu_t.to(torch.int32).to(device),
+            block_starts=starts,
+            num_blocks=num_blocks,
+            block_table=table.to(device),
+            kv_lens=lens_t.to(torch.int32).to(device),
+            slots=slots.to(device),
+            segment_ids=segment_ids.to(device),
+        )
+
+    @property
+    def total(self) -> int:
+        """Rows in the packed layout, sum of lengths."""
+        return int(sum(self.lengths))
+
+    @property
+    def padded_total(self) -> int:
+        """Rows in the blocked layout, num_blocks * block_size."""
+        return self.num_blocks * self.block_size
+
+    def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """Scatter packed rows into the blocked layout.
+
+        x: [T, *row] -> [num_blocks, block_size, *row] (same dtype/device, padding zero).
+        """
+        if x.shape[0] != self.total:
+            raise ValueError(
+                f"to_blocks: x has {x.shape[0]} rows (shape {tuple(x.shape)}), layout holds "
+                f"{self.total}"
+            )
+        out = x.new_zeros(self.padded_total, *x.shape[1:])
+        out.index_copy_(0, self.slots, x)
+        return out.view(self.num_blocks, self.block_size, *x.shape[1:])
+
+    def from_blocks(self, y: torch.Tensor) -> torch.Tensor:
+        """Gather the packed rows back out of a blocked tensor.
+
+        y: [num_blocks, block_size, *row] (or [num_blocks * block_size, *row]) -> [T, *row].
+        """
+        if y.dim() >= 2 and tuple(y.shape[:2]) == (self.num_blocks, self.block_size):
+            flat = y.reshape(self.padded_total, *y.shape[2:])
+        elif y.dim() >= 1 and y.shape[0] == self.padded_total:
+            flat = y
+        else:
+            raise ValueError(
+                f"from_blocks: y has shape {tuple(y.shape)}, expected "
+                f"[{self.num_blocks}, {self.block_size}, ...] or [{self.padded_total}, ...]"
+            )
+        return flat.index_select(0, self.slots)
+
+    def split(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Split packed rows [T, *row] into per-segment tensors [L_b, *row]."""
+        if x.shape[0] != self.total:
+            raise ValueError(f"split: x has {x.shape[0]} rows, layout holds {self.total}")
+        return list(torch.split(x, self.lengths, dim=0))
