@@ -1,0 +1,87 @@
+"""The step-decomposed generator protocol the engine codes against.
+
+A generator turns a :class:`~ditmem.models.request.GenerationRequest` into an image (or
+video) in three stages the engine can schedule separately:
+
+1. ``encode(request, pool)`` — once per request: text encoder (cond, and uncond when CFG
+   runs), initial latents from the request's seed exactly as the stock pipeline draws them,
+   the solver's sigma schedule. Everything the request carries between steps goes into
+   pages of ``pool`` as a ``ditmem.memory.RequestState``. Returns ``None`` when the pool has
+   no room (nothing is left allocated); the engine decides who yields.
+2. ``step(states)`` — any number of times: ONE packed transformer forward over all the
+   given requests (CFG branches are extra segments; resolutions, text lengths and timesteps
+   may all differ), then each request's own solver update; results are written back into
+   the request's pages. A state whose pages are offloaded must be restored first.
+3. ``decode(state)`` — once, when ``is_done(state)``: VAE decode to ``uint8 [H, W, 3]``
+   (images) or ``uint8 [F, H, W, 3]`` (video).
+
+``release(state)`` frees a state's pages (after decode, or to drop a request).
+``estimate_pages(request, page_bytes)`` is pure arithmetic (no torch work) so admission can
+be decided before any allocation. ``reference(request)`` runs the stock diffusers
+pipeline's own ``__call__`` for the same inputs and seed: the equivalence oracle.
+
+A full ``encode -> step* -> decode`` run equals ``reference`` (see each model module for
+the documented tolerance), and offloading a state to host between steps and restoring it
+into other pages leaves the result bit-identical.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ditmem.memory import PagePool, RequestState
+    from ditmem.models.request import GenerationRequest
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """What ``ditmem.models.load(...)`` returns. Attributes: ``name`` (str), ``device``,
+    ``dtype`` (torch), ``adapter`` (the patched transformer's adapter)."""
+
+    name: str
+
+    def estimate_pages(self, request: GenerationRequest, page_bytes: int) -> int:
+        """Pages of ``page_bytes`` the request's state needs (exact for this generator)."""
+        ...
+
+    def encode(self, request: GenerationRequest, pool: PagePool) -> RequestState | None:
+        """Encode the prompt(s) and draw initial latents into pages; ``None`` if no room."""
+        ...
+
+    def step(self, states: list[RequestState]) -> None:
+        """Advance every state by one denoising step with one packed forward."""
+        ...
+
+    def is_done(self, state: RequestState) -> bool:
+        """True when all the request's denoising steps have run."""
+        ...
+
+    def progress(self, state: RequestState) -> tuple[int, int]:
+        """(steps done, steps total)."""
+        ...
+
+    def decode(self, state: RequestState) -> np.ndarray:
+        """VAE-decode a finished state: ``uint8 [H, W, 3]`` or ``uint8 [F, H, W, 3]``."""
+        ...
+
+    def release(self, state: RequestState) -> None:
+        """Free all pages of the state (idempotent per state)."""
+        ...
+
+    def reference(self, request: GenerationRequest) -> np.ndarray:
+        """The stock pipeline's own output for the same request and seed."""
+        ...
+
+
+def check_generator(obj: Any) -> Generator:
+    """Return ``obj`` if it implements :class:`Generator`, else raise ``TypeError`` naming
+    the missing methods."""
+    names = ("estimate_pages", "encode", "step", "is_done", "progress", "decode", "release",
+             "reference")
+    missing = [n for n in names if not callable(getattr(obj, n, None))]
+    if missing:
+        raise TypeError(f"{type(obj).__name__} is not a Generator: missing {', '.join(missing)}")
+    return obj
