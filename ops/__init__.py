@@ -1,10 +1,27 @@
-"""ditmem.ops: paged attention and block copy/gather/scatter.
+"""ditmem.ops: ragged paged attention and block copy/gather/scatter.
 
-Public API (contract in shared DESIGN.md "Ops"): ``paged_attention``, ``write_blocks``,
-``gather_blocks``, ``copy_blocks``. This first version exposes the pure-torch reference;
-backend dispatch (cpu C++, triton, npu) is added on top of it.
+Public API (contract in DESIGN.md "Ops"): ``paged_attention``, ``write_blocks``,
+``gather_blocks``, ``copy_blocks``; backend control: ``backend_for``,
+``available_backends``, ``use_backend`` and the ``DITMEM_OPS_BACKEND`` environment variable.
+Backends: ``reference`` (pure torch), ``cpu`` (C++ in ditmem._C), ``triton`` (GPU),
+``npu`` (torch_npu).
 """
 
-from ditmem.ops.reference import copy_blocks, gather_blocks, paged_attention, write_blocks
+from ditmem.ops.api import copy_blocks, gather_blocks, paged_attention, write_blocks
+from ditmem.ops.backends import (
+    BackendUnavailableError,
+    available_backends,
+    backend_for,
+    use_backend,
+)
 
-__all__ = ["paged_attention", "write_blocks", "gather_blocks", "copy_blocks"]
+__all__ = [
+    "paged_attention",
+    "write_blocks",
+    "gather_blocks",
+    "copy_blocks",
+    "backend_for",
+    "available_backends",
+    "use_backend",
+    "BackendUnavailableError",
+]

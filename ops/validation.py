@@ -1,0 +1,175 @@
+"""Input checks for the public ops: raise ValueError naming the argument and its shape.
+
+Shape/dtype/device checks are free (metadata only). Value checks (block ids in range,
+kv_lens within the table, cu_seqlens monotone) read small int tensors; they are combined
+into one host read per call so a CUDA/NPU caller pays a single small sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _desc(name: str, t: torch.Tensor) -> str:
+    return f"{name} (shape {tuple(t.shape)}, {t.dtype}, {t.device})"
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _tensor(name: str, t: object) -> torch.Tensor:
+    _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t  # type: ignore[return-value]
+
+
+def _index(name: str, t: object, rank: int, device: torch.device) -> torch.Tensor:
+    t = _tensor(name, t)
+    _need(t.dim() == rank, f"{_desc(name, t)} must have rank {rank}")
+    _need(t.dtype in INDEX_DTYPES, f"{_desc(name, t)} must be int32 or int64")
+    _need(t.device == device, f"{_desc(name, t)} must be on {device}")
+    return t
+
+
+def _used_blocks_mask(block_table: torch.Tensor, lens: torch.Tensor, block_size: int):
+    """[B, max_blocks] bool: the table entries that hold some of the first lens[b] rows."""
+    needed = (lens.to(torch.int64) + block_size - 1) // block_size
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    return cols[None, :] < needed[:, None]
+
+
+def _table_problems(block_table, lens, num_blocks, block_size, lens_name):
+    """Bool tensors (0-dim) flagging bad lens / block ids, and their messages."""
+    capacity = block_table.shape[1] * block_size
+    if lens.numel() == 0:
+        return [], []
+    used = _used_blocks_mask(block_table, lens, block_size)
+    bad_ids = used & ((block_table < 0) | (block_table >= num_blocks))
+    flags = [(lens < 0).any(), (lens > capacity).any(), bad_ids.any()]
+    msgs = [
+        f"{lens_name} has negative entries",
+        f"{lens_name} exceeds the block table's capacity ({block_table.shape[1]} blocks x "
+        f"{block_size} rows = {capacity})",
+        f"block_table (shape {tuple(block_table.shape)}) holds block ids outside "
+        f"[0, {num_blocks}) in the blocks covered by {lens_name}",
+    ]
+    return flags, msgs
+
+
+def _raise_flagged(flags: list[torch.Tensor], msgs: list[str]) -> None:
+    if not flags:
+        return
+    values = torch.stack(flags).tolist()  # the one host read
+    for bad, msg in zip(values, msgs, strict=True):
+        _need(not bad, msg)
+
+
+def check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale):
+    """Validate paged_attention's inputs (see ditmem.ops.paged_attention for shapes)."""
+    q = _tensor("q", q)
+    _need(q.dim() == 3, f"{_desc('q', q)} must be [total_q, num_heads, head_dim]")
+    _need(q.dtype in FLOAT_DTYPES, f"{_desc('q', q)} must be float32, float16 or bfloat16")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        c = _tensor(name, c)
+        _need(
+            c.dim() == 4,
+            f"{_desc(name, c)} must be [num_blocks, block_size, num_kv_heads, head_dim]",
+        )
+        _need(c.dtype == q.dtype, f"{_desc(name, c)} must have q's dtype {q.dtype}")
+        _need(c.device == q.device, f"{_desc(name, c)} must be on q's device {q.device}")
+    _need(
+        k_cache.shape == v_cache.shape,
+        f"{_desc('v_cache', v_cache)} must have k_cache's shape {tuple(k_cache.shape)}",
+    )
+    _need(
+        k_cache.shape[3] == q.shape[2],
+        f"{_desc('k_cache', k_cache)} head_dim must equal q's head_dim {q.shape[2]}",
+    )
+    _need(k_cache.shape[1] > 0, f"{_desc('k_cache', k_cache)} block_size must be positive")
+    num_kv_heads = k_cache.shape[2]
+    _need(
+        num_kv_heads > 0 and q.shape[1] % num_kv_heads == 0,
+        f"{_desc('q', q)} num_heads must be a multiple of num_kv_heads={num_kv_heads}",
+    )
+    cu = _index("cu_seqlens_q", cu_seqlens_q, 1, q.device)
+    _need(cu.numel() >= 1, f"{_desc('cu_seqlens_q', cu)} must have B+1 >= 1 entries")
+    batch = cu.numel() - 1
+    bt = _index("block_table", block_table, 2, q.device)
+    lens = _index("kv_lens", kv_lens, 1, q.device)
+    _need(bt.shape[0] == batch, f"{_desc('block_table', bt)} must have B={batch} rows")
+    _need(lens.shape[0] == batch, f"{_desc('kv_lens', lens)} must have B={batch} entries")
+    if scale is not None:
+        _need(
+            isinstance(scale, (int, float)) and scale > 0 and scale != float("inf"),
+            f"scale must be a positive finite float, got {scale!r}",
+        )
+    flags, msgs = _table_problems(bt, lens, k_cache.shape[0], k_cache.shape[1], "kv_lens")
+    diffs = cu[1:] - cu[:-1]
+    flags += [cu[0] != 0, (diffs < 0).any(), cu[-1] != q.shape[0]]
+    msgs += [
+        f"{_desc('cu_seqlens_q', cu)} must start at 0",
+        f"{_desc('cu_seqlens_q', cu)} must be non-decreasing",
+        f"{_desc('cu_seqlens_q', cu)} must end at total_q={q.shape[0]}",
+    ]
+    _raise_flagged(flags, msgs)
+
+
+def check_write_blocks(x, cache, slot_mapping):
+    """Validate write_blocks' inputs (x may be on another device: the op moves it)."""
+    x = _tensor("x", x)
+    cache = _tensor("cache", cache)
+    _need(x.dim() >= 1, f"{_desc('x', x)} must be [T, *row]")
+    _need(
+        cache.dim() == x.dim() + 1 and cache.shape[2:] == x.shape[1:],
+        f"{_desc('cache', cache)} must be [num_blocks, block_size, *{tuple(x.shape[1:])}] "
+        f"to take rows of {_desc('x', x)}",
+    )
+    slots = _index("slot_mapping", slot_mapping, 1, cache.device)
+    _need(
+        slots.shape[0] == x.shape[0],
+        f"{_desc('slot_mapping', slots)} must have one slot per row of x ({x.shape[0]})",
+    )
+    num_slots = cache.shape[0] * cache.shape[1]
+    if slots.numel():
+        _raise_flagged(
+            [((slots < -1) | (slots >= num_slots)).any()],
+            [f"{_desc('slot_mapping', slots)} entries must be -1 or in [0, {num_slots})"],
+        )
+
+
+def check_gather_blocks(cache, block_table, lens):
+    """Validate gather_blocks' inputs."""
+    cache = _tensor("cache", cache)
+    _need(cache.dim() >= 2, f"{_desc('cache', cache)} must be [num_blocks, block_size, *row]")
+    bt = _index("block_table", block_table, 2, cache.device)
+    lens = _index("lens", lens, 1, cache.device)
+    _need(bt.shape[0] == lens.shape[0], f"{_desc('block_table', bt)} must have B={len(lens)} rows")
+    _raise_flagged(*_table_problems(bt, lens, cache.shape[0], cache.shape[1], "lens"))
+
+
+def check_copy_blocks(src, dst, mapping):
+    """Validate copy_blocks' inputs (src and dst may be on different devices)."""
+    src = _tensor("src", src)
+    dst = _tensor("dst", dst)
+    _need(src.dim() >= 1, f"{_desc('src', src)} must be [num_blocks, ...]")
+    _need(
+        dst.dim() == src.dim() and dst.shape[1:] == src.shape[1:],
+        f"{_desc('dst', dst)} must have src's block shape {tuple(src.shape[1:])}",
+    )
+    _need(dst.dtype == src.dtype, f"{_desc('dst', dst)} must have src's dtype {src.dtype}")
+    m = _tensor("mapping", mapping)
+    _need(
+        m.dim() == 2 and m.shape[1] == 2 and m.dtype in INDEX_DTYPES,
+        f"{_desc('mapping', m)} must be an int64 [N, 2] tensor of (src block, dst block)",
+    )
+    if m.numel():
+        _raise_flagged(
+            [((m[:, 0] < 0) | (m[:, 0] >= src.shape[0])).any(),
+             ((m[:, 1] < 0) | (m[:, 1] >= dst.shape[0])).any()],
+            [f"{_desc('mapping', m)} has src block ids outside [0, {src.shape[0]})",
+             f"{_desc('mapping', m)} has dst block ids outside [0, {dst.shape[0]})"],
+        )
