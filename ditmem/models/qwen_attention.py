@@ -1,0 +1,162 @@
+"""ditmem's attention processor for Qwen-Image's joint (text + image) attention.
+
+It replaces diffusers' ``QwenDoubleStreamAttnProcessor2_0`` per layer and computes the
+attention with ``ditmem.ops.paged_attention`` over block-aligned K/V. Two call forms:
+
+* **plain** — what the stock blocks pass (``hidden_states [B, S_img, dim]``,
+  ``encoder_hidden_states [B, S_txt, dim]``, optional ``encoder_hidden_states_mask
+  [B, S_txt]``, ``image_rotary_emb`` = (img freqs ``[S_img, D/2]``, txt freqs
+  ``[S_txt, D/2]``) complex): the patched model's ordinary ``forward`` keeps working.
+  Masked text tokens are left out of the keys (they still produce query outputs).
+* **packed** — ``packed=PackedJoint``: ``hidden_states [T_img, dim]`` and
+  ``encoder_hidden_states [T_txt, dim]`` hold several requests' tokens back to back
+  (masked text tokens already dropped), RoPE is per token. Returns ``[T_img, dim]``,
+  ``[T_txt, dim]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ditmem.models.packing import PackedLayout
+from ditmem.ops import paged_attention
+
+
+@dataclass(slots=True)
+class PackedJoint:
+    """Layout of one packed joint-attention call (shared by every layer of a forward).
+
+    layout: segments = requests, each ``[its text tokens, its image tokens]``;
+    txt_pos / img_pos: int64 [T_txt] / [T_img], row of each text / image token in the
+    joint packed order; joint_from_parts: int64 [T], row of ``cat([txt, img])`` that
+    lands at each joint row; txt_freqs / img_freqs: complex [T_txt, D/2] / [T_img, D/2].
+    """
+
+    layout: PackedLayout
+    txt_pos: torch.Tensor
+    img_pos: torch.Tensor
+    joint_from_parts: torch.Tensor
+    txt_freqs: torch.Tensor
+    img_freqs: torch.Tensor
+
+    @staticmethod
+    def build(txt_lens, img_lens, txt_freqs, img_freqs, block_size, device) -> PackedJoint:
+        """txt_lens/img_lens: per-request token counts (ints); freqs already packed."""
+        layout = PackedLayout.build(
+            [t + i for t, i in zip(txt_lens, img_lens, strict=True)], block_size, device
+        )
+        txt_pos, img_pos, start = [], [], 0
+        for t, i in zip(txt_lens, img_lens, strict=True):
+            txt_pos.append(torch.arange(start, start + t))
+            img_pos.append(torch.arange(start + t, start + t + i))
+            start += t + i
+        txt_pos = torch.cat(txt_pos).to(device)
+        img_pos = torch.cat(img_pos).to(device)
+        joint_from_parts = torch.empty(start, dtype=torch.int64, device=device)
+        joint_from_parts[txt_pos] = torch.arange(len(txt_pos), device=device)
+        joint_from_parts[img_pos] = torch.arange(len(img_pos), device=device) + len(txt_pos)
+        return PackedJoint(layout, txt_pos, img_pos, joint_from_parts, txt_freqs, img_freqs)
+
+
+def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE: x [..., S, H, D] real, freqs [S, D/2] complex; adjacent pairs rotate."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs.unsqueeze(-2)).flatten(-2).type_as(x)
+
+
+def _project(attn, img: torch.Tensor, txt: torch.Tensor):
+    """Q/K/V of both streams, split into heads and QK-normed: six tensors [..., H, D]."""
+    head_dim = attn.inner_dim // attn.heads
+    q, k, v = (f(img).unflatten(-1, (-1, head_dim)) for f in (attn.to_q, attn.to_k, attn.to_v))
+    tq, tk, tv = (
+        f(txt).unflatten(-1, (-1, head_dim))
+        for f in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
+    )
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    if attn.norm_added_q is not None:
+        tq = attn.norm_added_q(tq)
+    if attn.norm_added_k is not None:
+        tk = attn.norm_added_k(tk)
+    return q, k, v, tq, tk, tv
+
+
+def _out(attn, img_o: torch.Tensor, txt_o: torch.Tensor):
+    img_o = attn.to_out[0](img_o.contiguous())
+    if len(attn.to_out) > 1:
+        img_o = attn.to_out[1](img_o)
+    return img_o, attn.to_add_out(txt_o.contiguous())
+
+
+class DitmemQwenAttnProcessor:
+    """Joint attention through ``ditmem.ops.paged_attention`` (see module docstring)."""
+
+    def __init__(self, block_size: int = 64):
+        self.block_size = block_size
+
+    def __call__(
+        self,
+        attn,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_hidden_states_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb=None,
+        packed: PackedJoint | None = None,
+    ):
+        if encoder_hidden_states is None:
+            raise ValueError("DitmemQwenAttnProcessor: encoder_hidden_states (text) is required")
+        if attention_mask is not None:
+            raise ValueError(
+                "DitmemQwenAttnProcessor: attention_mask is not accepted; pass "
+                "encoder_hidden_states_mask"
+            )
+        if packed is not None:
+            return self._packed(attn, hidden_states, encoder_hidden_states, packed)
+        return self._plain(
+            attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
+            image_rotary_emb,
+        )
+
+    def _packed(self, attn, img, txt, p: PackedJoint):
+        q, k, v, tq, tk, tv = _project(attn, img, txt)
+        q, k = rotate(q, p.img_freqs), rotate(k, p.img_freqs)
+        tq, tk = rotate(tq, p.txt_freqs), rotate(tk, p.txt_freqs)
+        jq, jk, jv = (
+            torch.cat([t, i]).index_select(0, p.joint_from_parts)
+            for t, i in ((tq, q), (tk, k), (tv, v))
+        )
+        lay = p.layout
+        o = paged_attention(
+            jq, lay.to_blocks(jk), lay.to_blocks(jv), lay.cu_seqlens, lay.block_table, lay.kv_lens
+        ).flatten(1)
+        return _out(attn, o.index_select(0, p.img_pos), o.index_select(0, p.txt_pos))
+
+    def _plain(self, attn, img, txt, mask, rope):
+        batch, s_img, s_txt = img.shape[0], img.shape[1], txt.shape[1]
+        q, k, v, tq, tk, tv = _project(attn, img, txt)
+        if rope is not None:
+            img_freqs, txt_freqs = rope
+            q, k = rotate(q, img_freqs), rotate(k, img_freqs)
+            tq, tk = rotate(tq, txt_freqs), rotate(tk, txt_freqs)
+        jq, jk, jv = torch.cat([tq, q], 1), torch.cat([tk, k], 1), torch.cat([tv, v], 1)
+        keep = torch.ones(batch, s_txt + s_img, dtype=torch.bool, device=img.device)
+        if mask is not None:
+            keep[:, :s_txt] = mask.to(torch.bool)
+        kv_lens = keep.sum(1).tolist()
+        lay = PackedLayout.build(kv_lens, self.block_size, img.device)
+        s = s_txt + s_img
+        cu_q = torch.arange(batch + 1, dtype=torch.int32, device=img.device) * s
+        o = paged_attention(
+            jq.reshape(batch * s, *jq.shape[2:]),
+            lay.to_blocks(jk[keep]),
+            lay.to_blocks(jv[keep]),
+            cu_q,
+            lay.block_table,
+            lay.kv_lens,
+        ).reshape(batch, s, -1)
+        return _out(attn, o[:, s_txt:], o[:, :s_txt])
