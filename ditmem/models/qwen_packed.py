@@ -54,7 +54,9 @@ def _check_kwargs(i: int, kw: dict) -> None:
     hs = kw.get("hidden_states")
     if hs is None or hs.dim() != 3 or hs.shape[0] != 1:
         shape = None if hs is None else tuple(hs.shape)
-        raise ValueError(f"forward_packed: request {i} hidden_states must be [1, S, C], got {shape}")
+        raise ValueError(
+            f"forward_packed: request {i} hidden_states must be [1, S, C], got {shape}"
+        )
     ehs = kw.get("encoder_hidden_states")
     if ehs is None or ehs.dim() != 3 or ehs.shape[0] != 1:
         shape = None if ehs is None else tuple(ehs.shape)
@@ -116,7 +118,9 @@ class QwenAdapter:
         self.model = model
         self.block_size = block_size
         self._original = dict(model.attn_processors)
-        model.set_attn_processor({name: DitmemQwenAttnProcessor(block_size) for name in self._original})
+        model.set_attn_processor(
+            {name: DitmemQwenAttnProcessor(block_size) for name in self._original}
+        )
         self.patched = True
 
     @property
