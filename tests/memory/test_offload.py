@@ -1,0 +1,129 @@
+"""OffloadEngine: round trips, restore into other pages, cancel, no room, errors."""
+
+import pytest
+import torch
+
+from ditmem.memory import (
+    HostPool,
+    HostPoolExhausted,
+    OffloadEngine,
+    PagePool,
+    TensorState,
+    TensorStateError,
+    TransferError,
+)
+
+MODES = ["sync", "thread"]
+
+
+def setup(mode, num_pages=32, host_pages=64, page_bytes=256):
+    pool = PagePool(num_pages=num_pages, page_bytes=page_bytes)
+    host = HostPool(num_pages=host_pages, page_bytes=page_bytes)
+    return pool, host, OffloadEngine(pool, host, mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_roundtrip_lands_in_other_pages_bit_exact(mode):
+    pool, host, eng = setup(mode)
+    a = pool.allocate_tensor(40, (3,), torch.bfloat16)
+    b = pool.allocate_tensor(10, (), torch.float32)
+    xa, xb = torch.randn(40, 3).bfloat16(), torch.randn(10)
+    a.write(xa)
+    b.write(xb)
+    old_pages = set(a.pages) | set(b.pages)
+    for _ in range(3):  # back and forth several times
+        h = eng.start_offload([a, b])
+        assert a.state is TensorState.OFFLOADING
+        with pytest.raises(TensorStateError):
+            a.write(xa)
+        eng.finish_offload(h)
+        assert a.state is TensorState.ON_HOST and b.state is TensorState.ON_HOST
+        assert pool.num_free_pages == 32
+        assert torch.equal(a.read(), xa)  # readable on the host
+        filler = pool.allocate(len(old_pages))  # take exactly the old pages
+        assert set(filler) == old_pages
+        h = eng.start_restore([a, b])
+        eng.finish_restore(h)
+        assert not (set(a.pages) | set(b.pages)) & old_pages
+        assert torch.equal(a.read(), xa) and torch.equal(b.read(), xb)
+        pool.free(filler)
+        old_pages = set(a.pages) | set(b.pages)
+    assert host.num_free_pages == 64
+    eng.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancel_leaves_tensor_where_it_was(mode):
+    pool, host, eng = setup(mode)
+    t = pool.allocate_tensor(50, (), torch.float32)
+    x = torch.randn(50)
+    t.write(x)
+    pages = t.pages
+    h = eng.start_offload([t])
+    eng.cancel(h)
+    assert t.state is TensorState.ON_DEVICE and t.pages == pages
+    assert torch.equal(t.read(), x) and host.num_free_pages == 64
+    with pytest.raises(TransferError):
+        eng.finish_offload(h)
+    eng.offload([t])
+    free = pool.num_free_pages
+    h = eng.start_restore([t])
+    assert pool.num_free_pages == free - t.num_pages  # destination pages are reserved
+    eng.cancel(h)
+    assert t.state is TensorState.ON_HOST and pool.num_free_pages == free
+    assert torch.equal(t.read(), x)
+    assert eng.restore([t]) and torch.equal(t.read(), x)
+    assert eng.num_in_flight == 0
+    eng.close()
+
+
+def test_restore_without_room_returns_none_and_keeps_data():
+    pool, host, eng = setup("sync", num_pages=4)
+    t = pool.allocate_tensor(4 * 64, (), torch.float32)  # all 4 pages
+    x = torch.randn(4 * 64)
+    t.write(x)
+    eng.offload([t])
+    blocker = pool.allocate(1)
+    assert eng.start_restore([t]) is None
+    assert not eng.restore([t])
+    assert t.state is TensorState.ON_HOST and torch.equal(t.read(), x)
+    assert pool.num_free_pages == 3
+    pool.free(blocker)
+    assert eng.restore([t]) and torch.equal(t.read(), x)
+
+
+def test_host_exhausted_raises_and_changes_nothing():
+    pool, host, eng = setup("sync", host_pages=2)
+    t = pool.allocate_tensor(3 * 64, (), torch.float32)
+    x = torch.randn(3 * 64)
+    t.write(x)
+    with pytest.raises(HostPoolExhausted, match="host pool"):
+        eng.start_offload([t])
+    assert t.state is TensorState.ON_DEVICE and torch.equal(t.read(), x)
+    assert host.num_free_pages == 2 and eng.num_in_flight == 0
+
+
+def test_misuse_is_rejected():
+    pool, host, eng = setup("sync")
+    other = PagePool(num_pages=4, page_bytes=256)
+    t = pool.allocate_tensor(8, (), torch.float32)
+    with pytest.raises(ValueError, match="another pool"):
+        eng.start_offload([other.allocate_tensor(1, (), torch.float32)])
+    with pytest.raises(ValueError, match="twice"):
+        eng.start_offload([t, t])
+    with pytest.raises(TensorStateError):
+        eng.start_restore([t])
+    h = eng.start_offload([t])
+    with pytest.raises(TensorStateError):
+        t.free()
+    with pytest.raises(TransferError):
+        eng.finish_restore(h)
+    eng.finish_offload(h)
+    with pytest.raises(TransferError, match="finished"):
+        eng.cancel(h)
+    with pytest.raises(ValueError, match="page_bytes"):
+        OffloadEngine(pool, HostPool(num_pages=4, page_bytes=512))
+    with pytest.raises(ValueError, match="mode"):
+        OffloadEngine(pool, host, mode="warp")
+    t.free()  # freeing on the host releases host pages
+    assert host.num_free_pages == 64
