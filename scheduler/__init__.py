@@ -1,1 +1,80 @@
-"""ditmem.scheduler"""
+"""ditmem.scheduler — step scheduling policies, cost model, simulator, workloads, metrics.
+
+Pure Python (no torch, nothing else of ditmem): the same policy objects drive the real engine
+and the simulator (``simulate``). Times are seconds on the engine's clock; sizes are bytes;
+memory is seen only as page counts.
+
+How an engine uses it
+---------------------
+Set-up, once::
+
+    from ditmem.scheduler import (CostModel, Location, MemoryState, Request, RequestStatus,
+                                  SchedulerView, StepReport, WaitingQueue, make_policy)
+    cost = CostModel.load("cpu-tiny")        # a shipped profile name, or a JSON path
+    policy = make_policy("slo", cost)        # "fifo" | "srtf" | "slo"
+    waiting = WaitingQueue()                 # arrived, not started (engine owns it)
+    active: dict[str, RequestStatus] = {}    # started: running or paused (engine owns it)
+
+On arrival of a request::
+
+    req = Request(id, arrival=now, model="qwen-image", width=..., height=..., frames=1,
+                  steps=..., priority=0|1|2, slo_ms=None|ms)
+    cost.assign_deadline(req, slo_scale=3.0)  # sets req.standalone_s and req.deadline
+    waiting.push(req)
+
+Each iteration::
+
+    view = SchedulerView(active=list(active.values()), waiting=waiting,
+                         memory=MemoryState(total_pages, free_pages, page_bytes,
+                                            host_free_pages),
+                         last_batch=tuple(previous plan.batch))
+    plan = policy.schedule(now, view)         # a StepPlan
+    if plan.idle: sleep until the next arrival (or transfer completion); continue
+    1. for id in plan.offload: copy its pages device -> host; status.location = Location.HOST
+       (its device pages are free once the copy finished)
+    2. for id in plan.restore: copy its pages back into any free device pages;
+       status.location = Location.DEVICE
+    3. for id in plan.admit: req = waiting.remove(id); allocate cost.pages_for(req, page_bytes)
+       pages; encode the prompt; active[id] = RequestStatus(req, started_at=now, pages=n)
+    4. run ONE denoising step for every id in plan.batch as one packed forward (all same
+       model, all on device); status.steps_done += 1; a request reaching request.steps is
+       VAE-decoded, finished, its pages freed and removed from ``active``
+    5. for id in plan.pause: active[id].preemptions += 1   (informational)
+    6. policy.observe(StepReport(now, plan.batch, model, [cost.tokens(r) ...], step_s,
+                                 encode_s, decode_s, transfer_s, finished))
+
+The policy guarantees: batch members share one model and number at most
+``cost.max_batch(model)``; admits and restores fit in the free pages once the offloads are
+done; nothing that arrived is ever dropped (a request that can no longer meet its deadline
+still runs to completion). Policies see only what the engine shows them (never the future).
+
+Simulation: ``simulate(requests, policy, cost)`` replays the same loop as a discrete-event
+simulation; ``workload(name, ...)`` makes the named workloads; ``summarize`` the metrics.
+"""
+
+from .cost import DEFAULT_PAGE_BYTES, CostModel
+from .plan import MemoryState, SchedulerView, StepPlan, StepReport
+from .policies import POLICIES, Policy, make_policy
+from .profiles import PROFILE_NAMES, ProfileError, load_profile
+from .queue import WaitingQueue
+from .request import PRIORITY_WEIGHTS, Location, Request, RequestStatus
+
+__all__ = [
+    "DEFAULT_PAGE_BYTES",
+    "POLICIES",
+    "PRIORITY_WEIGHTS",
+    "PROFILE_NAMES",
+    "CostModel",
+    "Location",
+    "MemoryState",
+    "Policy",
+    "ProfileError",
+    "Request",
+    "RequestStatus",
+    "SchedulerView",
+    "StepPlan",
+    "StepReport",
+    "WaitingQueue",
+    "load_profile",
+    "make_policy",
+]

@@ -1,0 +1,147 @@
+"""The cost model: predicted seconds and bytes for requests on one device profile."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from .models import tokens_for
+from .plan import StepReport
+from .profiles import load_profile, parse_profile
+from .request import Request
+from .steptime import make_step_model
+
+#: Default page size for accounting (DESIGN.md: 64 MB slices).
+DEFAULT_PAGE_BYTES = 64 * 2**20
+
+
+class CostModel:
+    """Step/encode/decode time, memory per request and host-link time from a device profile.
+
+    Build with ``CostModel.load("h200")`` (a shipped profile) or ``CostModel.load(path)``.
+    All times are seconds, all sizes bytes. ``observe`` folds measured step times into a
+    per-model correction factor (an exponential moving average of measured / predicted), so
+    an engine running on a device that differs from its profile converges to its real speed.
+    """
+
+    def __init__(self, profile: dict, *, correction_alpha: float = 0.1):
+        self.profile = profile
+        self.name: str = profile["name"]
+        self._models = profile["models"]
+        self._steps = {m: make_step_model(sec["step"]) for m, sec in self._models.items()}
+        self._correction = dict.fromkeys(self._models, 1.0)
+        self._alpha = correction_alpha
+        self._cache: dict[tuple, float] = {}
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> CostModel:
+        """A cost model for a shipped profile name or a profile JSON path."""
+        return cls(load_profile(name_or_path))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        """A cost model for an in-memory (unparsed, version-1) profile dict."""
+        return cls(parse_profile(data, data.get("name", "<dict>")))
+
+    def _model(self, model: str) -> dict:
+        section = self._models.get(model)
+        if section is None:
+            raise ValueError(
+                f"profile {self.name!r} has no model {model!r}; it has {', '.join(self._models)}"
+            )
+        return section
+
+    # ---- time -------------------------------------------------------------------------
+    def tokens(self, request: Request) -> int:
+        """Tokens per denoising forward of ``request`` (image/video tokens)."""
+        return tokens_for(request.model, request.width, request.height, request.frames)
+
+    def step_time(self, model: str, tokens: Sequence[int]) -> float:
+        """Seconds for one denoising step of a packed batch whose members have ``tokens``."""
+        self._model(model)
+        key = (model, tuple(sorted(tokens)))
+        base = self._cache.get(key)
+        if base is None:
+            base = self._steps[model].seconds(list(tokens)) if tokens else 0.0
+            self._cache[key] = base
+        return base * self._correction[model]
+
+    def encode_time(self, request: Request) -> float:
+        """Seconds to encode the prompt (once, when the request starts)."""
+        return float(self._model(request.model)["encode_s"])
+
+    def decode_time(self, request: Request) -> float:
+        """Seconds for the VAE decode after the last step."""
+        mpix = request.width * request.height * request.frames / 1e6
+        return float(self._model(request.model)["decode_s_per_megapixel"]) * mpix
+
+    def standalone_time(self, request: Request) -> float:
+        """Seconds the request takes alone on the device: encode + steps + decode."""
+        step = self.step_time(request.model, [self.tokens(request)])
+        return self.encode_time(request) + request.steps * step + self.decode_time(request)
+
+    def remaining_time(self, request: Request, steps_done: int) -> float:
+        """Seconds still needed alone after ``steps_done`` steps (encode included if 0)."""
+        step = self.step_time(request.model, [self.tokens(request)])
+        rest = (request.steps - steps_done) * step + self.decode_time(request)
+        return rest + (self.encode_time(request) if steps_done == 0 else 0.0)
+
+    def max_batch(self, model: str) -> int:
+        """Most requests one packed step of ``model`` may hold."""
+        return int(self._model(model)["max_batch"])
+
+    def assign_deadline(self, request: Request, slo_scale: float = 3.0) -> Request:
+        """Set ``standalone_s`` and ``deadline`` (``slo_ms`` if given, else scale × standalone)."""
+        if slo_scale <= 0:
+            raise ValueError(f"slo_scale must be > 0, got {slo_scale}")
+        request.standalone_s = self.standalone_time(request)
+        budget = request.slo_ms / 1000.0 if request.slo_ms is not None else None
+        request.deadline = request.arrival + (
+            budget if budget is not None else slo_scale * request.standalone_s
+        )
+        return request
+
+    # ---- memory -----------------------------------------------------------------------
+    def state_bytes(self, request: Request) -> int:
+        """Bytes a started request keeps between steps (latents, solver state, embeddings)."""
+        sec = self._model(request.model)
+        per_token = float(sec["state_bytes_per_token"]) * self.tokens(request)
+        return int(per_token + float(sec["state_bytes_per_request"]))
+
+    def pages_for(self, request: Request, page_bytes: int = DEFAULT_PAGE_BYTES) -> int:
+        """Pages of ``page_bytes`` its state needs (at least one)."""
+        return max(1, math.ceil(self.state_bytes(request) / page_bytes))
+
+    def device_pages(self, model: str, page_bytes: int = DEFAULT_PAGE_BYTES) -> int:
+        """Device pages left for request state once ``model``'s weights and workspace sit."""
+        sec = self._model(model)
+        free = self.profile["device_bytes"] - sec["weights_bytes"] - sec["workspace_bytes"]
+        if free < page_bytes:
+            raise ValueError(
+                f"profile {self.name!r}: {model} weights + workspace leave no room for pages "
+                f"({free / 1e9:.1f} GB free of {self.profile['device_bytes'] / 1e9:.0f} GB)"
+            )
+        return int(free // page_bytes)
+
+    def host_pages(self, page_bytes: int = DEFAULT_PAGE_BYTES) -> int:
+        """Pages the host pool holds for offloaded requests."""
+        return int(self.profile["host_bytes"] // page_bytes)
+
+    def transfer_time(self, nbytes: float) -> float:
+        """Seconds to copy ``nbytes`` over the device–host link (one direction)."""
+        return nbytes / self.profile["host_link_bytes_per_s"]
+
+    # ---- feedback ---------------------------------------------------------------------
+    def observe(self, report: StepReport) -> None:
+        """Fold a measured step time into the model's correction factor."""
+        if not report.batch or report.step_s <= 0:
+            return
+        predicted = self.step_time(report.model, report.tokens) / self._correction[report.model]
+        ratio = report.step_s / predicted
+        old = self._correction[report.model]
+        self._correction[report.model] = (1 - self._alpha) * old + self._alpha * ratio
+
+    def correction(self, model: str) -> float:
+        """Current measured/predicted step-time factor for ``model`` (1.0 before feedback)."""
+        return self._correction[model]

@@ -1,0 +1,88 @@
+"""What the engine shows a policy each iteration, what the policy answers, what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .request import RequestStatus
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .queue import WaitingQueue
+
+
+@dataclass(slots=True)
+class MemoryState:
+    """The device page pool and the host pool, as numbers (the scheduler never sees pages).
+
+    ``total_pages``/``free_pages`` count device pages usable for request state;
+    ``host_free_pages`` counts free pages in the host pool (offload target);
+    ``page_bytes`` is the size of one page.
+    """
+
+    total_pages: int
+    free_pages: int
+    page_bytes: int
+    host_free_pages: int
+
+
+@dataclass(slots=True)
+class SchedulerView:
+    """A snapshot of the engine, the only thing a policy may read (besides its cost model).
+
+    ``active`` lists started requests (running or paused, on device or host) in the order the
+    engine admitted them; ``waiting`` holds requests that have arrived but not started;
+    ``last_batch`` the ids that advanced in the previous iteration (to count preemptions).
+    """
+
+    active: list[RequestStatus]
+    waiting: WaitingQueue
+    memory: MemoryState
+    last_batch: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One iteration's decision.
+
+    The engine executes it in this order:
+    1. ``offload`` — active ids moved device → host (their device pages free once copied);
+    2. ``restore`` — ids on the host brought back into free device pages;
+    3. ``admit`` — waiting ids started: pages allocated, prompt encoded;
+    4. ``batch`` — ids (same model, all on device after 1–3) that advance one denoising step
+       together, as one packed forward; a request whose last step this is, is decoded and
+       finished right after the step.
+    ``pause`` lists ids that advanced in the previous iteration and do not now (preempted);
+    it is informational (anything not in ``batch`` simply waits). An empty ``batch`` with
+    nothing else means "nothing to run": call again after the next arrival.
+    """
+
+    batch: list[str] = field(default_factory=list)
+    admit: list[str] = field(default_factory=list)
+    offload: list[str] = field(default_factory=list)
+    restore: list[str] = field(default_factory=list)
+    pause: list[str] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.batch or self.admit or self.offload or self.restore)
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What the engine measured for one executed plan (fed to ``policy.observe``).
+
+    ``model`` and ``tokens`` (image/video tokens per batch member, in ``batch`` order) describe
+    the denoising step; ``step_s`` is its wall time, excluding encode/decode/transfers, which
+    are reported separately (seconds, summed over the requests concerned).
+    """
+
+    now: float
+    batch: list[str]
+    model: str
+    tokens: list[int]
+    step_s: float
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    transfer_s: float = 0.0
+    finished: list[str] = field(default_factory=list)

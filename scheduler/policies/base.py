@@ -1,0 +1,108 @@
+"""What every policy offers, and the plan-building helpers they share."""
+
+from __future__ import annotations
+
+from ..cost import CostModel
+from ..plan import SchedulerView, StepPlan, StepReport
+from ..request import Location, Request, RequestStatus
+
+
+class Policy:
+    """Base class: ``schedule(now, view) -> StepPlan`` each iteration, ``observe(report)`` after.
+
+    A policy is built once per engine/simulation with the cost model it predicts with and
+    may keep state between iterations (it sees every iteration in order).
+    """
+
+    name = "base"
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost
+
+    def schedule(self, now: float, view: SchedulerView) -> StepPlan:
+        """Decide what happens in the next iteration (``now``: seconds, engine clock)."""
+        raise NotImplementedError
+
+    def observe(self, report: StepReport) -> None:
+        """Learn from what the engine measured (default: feed the cost model)."""
+        self.cost.observe(report)
+
+    # ---- helpers ----------------------------------------------------------------------
+    def remaining(self, request: Request, steps_done: int = 0) -> float:
+        """Predicted seconds the request still needs alone."""
+        return self.cost.remaining_time(request, steps_done)
+
+    def plan_single(self, view: SchedulerView, chosen: RequestStatus | Request | None) -> StepPlan:
+        """A plan that runs one request (started or waiting) for one step, making room for it.
+
+        A waiting request is admitted if its pages fit, after offloading paused requests
+        (latest deadline first) when needed; a request on the host is restored likewise.
+        Returns an empty plan when there is nothing to run or no room can be made.
+        """
+        plan = StepPlan()
+        if chosen is not None:
+            make_room(self.cost, view, [chosen], plan)
+        return self.with_pause(plan, view)
+
+    @staticmethod
+    def with_pause(plan: StepPlan, view: SchedulerView) -> StepPlan:
+        """Fill ``plan.pause`` with the last batch's ids that are still active and not rerun."""
+        running = set(plan.batch)
+        active = {s.id for s in view.active}
+        plan.pause = [i for i in view.last_batch if i in active and i not in running]
+        return plan
+
+
+def make_room(cost: CostModel, view: SchedulerView, members: list, plan: StepPlan) -> bool:
+    """Add ``members`` (RequestStatus or waiting Request) to ``plan.batch``, with the admits,
+    restores and offloads that need. Returns False (plan unchanged) when they cannot fit."""
+    page_bytes = view.memory.page_bytes
+    need = 0
+    admits, restores = [], []
+    for m in members:
+        if isinstance(m, RequestStatus):
+            if m.location is Location.HOST:
+                need += m.pages
+                restores.append(m.id)
+        else:
+            need += cost.pages_for(m, page_bytes)
+            admits.append(m.id)
+    free = view.memory.free_pages + plan_freed_pages(plan, view) - plan_used_pages(plan, view, cost)
+    offloads: list[str] = []
+    if need > free:
+        keep = {m.id for m in members} | set(plan.batch)
+        victims = sorted(
+            (
+                s
+                for s in view.active
+                if s.location is Location.DEVICE and s.id not in keep and s.id not in plan.offload
+            ),
+            key=lambda s: (-(s.request.deadline or 0.0), s.request.priority),
+        )
+        for s in victims:
+            if need <= free:
+                break
+            offloads.append(s.id)
+            free += s.pages
+        if need > free:
+            return False
+    plan.offload += offloads
+    plan.restore += restores
+    plan.admit += admits
+    plan.batch += [m.id for m in members]
+    return True
+
+
+def plan_freed_pages(plan: StepPlan, view: SchedulerView) -> int:
+    """Device pages the plan's offloads free."""
+    ids = set(plan.offload)
+    return sum(s.pages for s in view.active if s.id in ids)
+
+
+def plan_used_pages(plan: StepPlan, view: SchedulerView, cost: CostModel) -> int:
+    """Device pages the plan's restores and admits take."""
+    restored = set(plan.restore)
+    used = sum(s.pages for s in view.active if s.id in restored)
+    for rid in plan.admit:
+        used += cost.pages_for(view.waiting.get(rid), view.memory.page_bytes)
+    return used

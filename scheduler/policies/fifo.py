@@ -1,0 +1,19 @@
+"""``fifo``: run to completion in arrival order, one request at a time (vllm-omni's default)."""
+
+from __future__ import annotations
+
+from ..plan import SchedulerView, StepPlan
+from .base import Policy
+
+
+class FifoPolicy(Policy):
+    """The oldest started request runs until it finishes; then the oldest waiting one starts."""
+
+    name = "fifo"
+
+    def schedule(self, now: float, view: SchedulerView) -> StepPlan:
+        if view.active:
+            chosen = min(view.active, key=lambda s: (s.request.arrival, s.id))
+        else:
+            chosen = view.waiting.first("arrival")
+        return self.plan_single(view, chosen)
