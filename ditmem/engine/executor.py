@@ -1,0 +1,217 @@
+"""One engine iteration: build the policy's view, execute its plan, finish requests.
+
+Runs on the engine thread only (no locks except through ``Intake``). An exception raised by
+one request's stage fails that request alone: a failed packed step is retried request by
+request so the others still advance (the generator writes nothing back when a step raises).
+"""
+
+from __future__ import annotations
+
+from ditmem.engine.jobs import Job, Phase
+from ditmem.engine.results import GenerationResult, RequestCancelled, RequestFailed
+from ditmem.engine.stages import Stages, state_pages
+from ditmem.engine.stats import EngineStats
+from ditmem.memory import OffloadEngine
+from ditmem.scheduler import (
+    Location,
+    MemoryState,
+    RequestStatus,
+    SchedulerView,
+    StepReport,
+    WaitingQueue,
+)
+
+
+class PlanExecutor:
+    """Owns the waiting queue and the active set of one :class:`Engine`."""
+
+    def __init__(self, engine, offload_mode: str):
+        self.engine = engine
+        self.offloader = OffloadEngine(engine.pool, engine.host, mode=offload_mode)
+        self.stages = Stages(engine.gen, engine.pool, self.offloader, engine.clock)
+        self.waiting = WaitingQueue()
+        self.jobs: dict[str, Job] = {}       # waiting jobs by id
+        self.active: dict[str, Job] = {}     # started jobs, in admission order
+        self.last_batch: tuple[str, ...] = ()
+        self.stats = EngineStats()
+
+    def has_work(self) -> bool:
+        return bool(self.jobs or self.active)
+
+    # ------------------------------------------------------------------ intake
+    def take_intake(self) -> None:
+        new, cancels = self.engine.intake.take()
+        for job in new:
+            self.jobs[job.id] = job
+            self.waiting.push(job.sched)
+        for job_id, reason in cancels:
+            job = self.jobs.get(job_id) or self.active.get(job_id)
+            if job is not None:
+                self.finish(job, error=RequestCancelled(f"{job_id}: {reason}"))
+
+    def view(self) -> SchedulerView:
+        pool, host = self.engine.pool, self.engine.host
+        memory = MemoryState(total_pages=pool.num_pages, free_pages=pool.num_free_pages,
+                             page_bytes=pool.page_bytes, host_free_pages=host.num_free_pages)
+        return SchedulerView(active=[j.status for j in self.active.values()],
+                             waiting=self.waiting, memory=memory, last_batch=self.last_batch)
+
+    # ------------------------------------------------------------------ one iteration
+    def iterate(self) -> bool:
+        """Run one iteration; False when the policy had nothing to do."""
+        self.take_intake()
+        if not self.has_work():
+            self.publish()
+            return False
+        plan = self.engine.policy.schedule(self.engine.clock(), self.view())
+        if plan.idle:
+            self.publish()
+            return False
+        report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
+                            tokens=[], step_s=0.0)
+        pending = [(job, self.stages.start_offload(job)) for job in self._ids(plan.offload)
+                   if job.status.location is Location.DEVICE]
+        for job, handle in pending:   # device pages are needed by restores/admits below
+            report.transfer_s += self._finish_offload(job, handle)
+        for job in self._ids(plan.restore):
+            self._restore(job, report)
+        for job_id in plan.admit:
+            self._admit(job_id, report)
+        batch = [self.active[i] for i in plan.batch if i in self.active
+                 and self.active[i].status.location is Location.DEVICE]
+        if batch:
+            self._step(batch, report)
+        self._count_preemptions(report.batch)
+        self.last_batch = tuple(report.batch)
+        observe = getattr(self.engine.policy, "observe", None)
+        if observe is not None:
+            observe(report)
+        self.publish()
+        return True
+
+    def _ids(self, ids) -> list[Job]:
+        return [self.active[i] for i in ids if i in self.active]
+
+    def _finish_offload(self, job: Job, handle) -> float:
+        t0 = self.engine.clock()
+        try:
+            self.stats.bytes_offloaded += self.stages.finish_offload(job, handle)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
+            self.finish(job, error=RequestFailed(f"{job.id}: offload failed: {exc!r}"))
+            return 0.0
+        job.status.location = Location.HOST
+        return self.engine.clock() - t0
+
+    def _restore(self, job: Job, report: StepReport) -> None:
+        if job.status.location is not Location.HOST:
+            return
+        t0 = self.engine.clock()
+        try:
+            moved = self.stages.restore(job)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
+            return
+        if moved is not None:
+            self.stats.bytes_restored += moved
+            job.status.location = Location.DEVICE
+            report.transfer_s += self.engine.clock() - t0
+
+    def _admit(self, job_id: str, report: StepReport) -> None:
+        job = self.jobs.get(job_id)
+        if job is None or len(self.active) >= self.engine.max_active:
+            return
+        try:
+            ok = self.stages.encode(job)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job_id}: encode failed: {exc!r}"))
+            return
+        report.encode_s += job.timing.encode_s
+        if not ok:
+            return  # no room: it stays waiting; the policy sees the pool as it is
+        self.waiting.remove(job_id)
+        del self.jobs[job_id]
+        self.engine.intake.started()
+        job.phase = Phase.ACTIVE
+        job.status = RequestStatus(request=job.sched, pages=state_pages(job.state),
+                                   started_at=job.timing.started)
+        self.active[job_id] = job
+
+    def _step(self, batch: list[Job], report: StepReport) -> None:
+        try:
+            seconds = self.stages.step(batch)
+            stepped = batch
+        except Exception:  # noqa: BLE001 - find who failed, advance the others
+            stepped, seconds = [], 0.0
+            for job in batch:
+                try:
+                    seconds += self.stages.step([job])
+                    stepped.append(job)
+                except Exception as exc:  # noqa: BLE001
+                    self.finish(job, error=RequestFailed(f"{job.id}: step failed: {exc!r}"))
+        self.stats.steps += 1
+        report.batch = [j.id for j in stepped]
+        report.tokens = [self.engine.cost.tokens(j.sched) for j in stepped]
+        report.step_s = seconds
+        self.engine._notify_step(seconds, len(stepped))
+        for job in stepped:
+            if self.stages.is_done(job):
+                try:
+                    output = self.stages.decode(job)
+                except Exception as exc:  # noqa: BLE001
+                    self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+                    continue
+                report.decode_s += job.timing.decode_s
+                report.finished.append(job.id)
+                self.finish(job, output=output)
+
+    def _count_preemptions(self, stepped: list[str]) -> None:
+        """A request that stepped last iteration, is unfinished, and did not step now."""
+        now = set(stepped)
+        for job_id in self.last_batch:
+            job = self.active.get(job_id)
+            if job is not None and job_id not in now:
+                job.status.preemptions += 1
+                job.timing.preemptions += 1
+                self.stats.preemptions += 1
+
+    # ------------------------------------------------------------------ finishing
+    def finish(self, job: Job, *, output=None, error: Exception | None = None) -> None:
+        """Release the job's pages, deliver its result or error, forget it."""
+        started = job.phase is Phase.ACTIVE
+        self.stages.release(job)
+        if job.id in self.jobs:
+            self.waiting.remove(job.id)
+            del self.jobs[job.id]
+        self.active.pop(job.id, None)
+        job.phase = Phase.DONE
+        job.timing.finished = self.engine.clock()
+        self.engine.intake.forget(job, started=started)
+        if error is None:
+            result = GenerationResult(job.id, job.sched.priority, job.ticket.slo_ms,
+                                      job.timing, output)
+            self.stats.completed += 1
+            met = self.stats.slo_met if result.slo_met else self.stats.slo_missed
+            met[job.sched.priority] += 1
+            self.engine._notify_finish(result)
+            job.ticket.future.set_result(result)
+        else:
+            cancelled = isinstance(error, RequestCancelled)
+            if cancelled:
+                self.stats.cancelled += 1
+            else:
+                self.stats.failed += 1
+            job.ticket.future.set_exception(error)
+
+    def publish(self) -> None:
+        s = self.stats.copy()
+        s.running = sum(1 for j in self.active.values() if j.id in self.last_batch)
+        s.paused = sum(1 for j in self.active.values() if j.id not in self.last_batch)
+        s.offloaded = sum(1 for j in self.active.values() if j.status.location is Location.HOST)
+        s.pages_used = self.engine.pool.num_used_pages
+        s.pages_free = self.engine.pool.num_free_pages
+        s.host_pages_used = self.engine.host.num_used_pages
+        self.engine.intake.publish(s)
+
+    def close(self) -> None:
+        self.publish()
+        self.offloader.close()

@@ -1,0 +1,68 @@
+"""Build an engine from names: model, policy, profile, pool sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ditmem.engine.loop import Engine
+
+MIB = 2**20
+SCHEDULER_MODEL = {"tiny-qwen-image": "qwen-image", "tiny-wan": "wan2.2-a14b"}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """What ``ditmem serve`` / ``ditmem demo`` choose. ``pool_mb``: device page pool
+    (request state only; weights are separate); ``host_mb``: host pool for offload
+    (default 4x the pool); ``page_kb``: page size; ``profile``: cost-model profile name or
+    JSON path (``cpu-tiny`` for the embedded models on a CPU)."""
+
+    model: str = "tiny-qwen-image"
+    policy: str = "slo"
+    profile: str = "cpu-tiny"
+    pool_mb: float = 64.0
+    host_mb: float | None = None
+    page_kb: int = 64
+    max_active: int = 64
+    max_queued: int = 256
+    device: str = "cpu"
+    slo_scale: float = 3.0
+
+
+def scheduler_model(model: str, generator=None) -> str:
+    """The cost model's key for a ditmem model name (or the generator's own answer)."""
+    key = getattr(generator, "scheduler_model", None)
+    if key:
+        return key
+    if model in SCHEDULER_MODEL:
+        return SCHEDULER_MODEL[model]
+    return "wan2.2-a14b" if "wan" in model.lower() else "qwen-image"
+
+
+def make_pools(config: EngineConfig, device: str):
+    """The device ``PagePool`` and the ``HostPool`` sized by ``config``."""
+    from ditmem.memory import HostPool, PagePool
+
+    page_bytes = config.page_kb * 1024
+    pages = max(1, int(config.pool_mb * MIB) // page_bytes)
+    host_pages = max(1, int((config.host_mb or 4 * config.pool_mb) * MIB) // page_bytes)
+    pool = PagePool(pages, page_bytes, device)
+    host = HostPool(host_pages, page_bytes, device=device)
+    return pool, host
+
+
+def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
+    """An (unstarted) engine; loads the model and the profile unless given."""
+    from ditmem import models
+    from ditmem.scheduler import CostModel, make_policy
+
+    if generator is None:
+        generator = models.load(config.model, device=config.device)
+    if cost is None:
+        cost = CostModel.load(config.profile)
+    pool, host = make_pools(config, config.device)
+    policy = make_policy(config.policy, cost)
+    return Engine(generator, policy, cost, pool, host,
+                  model=scheduler_model(config.model, generator),
+                  max_active=config.max_active, max_queued=config.max_queued,
+                  slo_scale=config.slo_scale)

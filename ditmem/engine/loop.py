@@ -1,0 +1,169 @@
+"""The engine: one thread running the step loop of ../DESIGN.md "Engine".
+
+Each iteration: take new submissions and cancellations, show the policy a
+``SchedulerView``, execute its ``StepPlan`` (offload -> restore -> admit/encode -> one packed
+step -> decode the finished), record timings, hand results to the requests' futures. Other
+threads only call :meth:`Engine.submit`, :meth:`cancel`, :meth:`stats`, :meth:`progress`,
+:meth:`drain` and :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ditmem.engine.executor import PlanExecutor
+from ditmem.engine.intake import Intake
+from ditmem.engine.jobs import Job
+from ditmem.engine.results import (
+    EngineStopped,
+    QueueFull,
+    RequestCancelled,
+    RequestTooLarge,
+    Ticket,
+)
+from ditmem.engine.timing import Timing
+from ditmem.models.request import GenerationRequest
+from ditmem.scheduler import Request
+
+
+class Engine:
+    """Serves one generator with one policy.
+
+    ``generator``: a ``ditmem.models`` generator; ``policy``: a ``ditmem.scheduler`` policy
+    (``schedule(view) -> StepPlan``); ``cost``: the ``CostModel`` (deadlines, and what the
+    policy predicts with); ``pool``/``host``: the device ``PagePool`` and the ``HostPool``
+    offload target; ``model``: the scheduler's model key (e.g. "qwen-image");
+    ``max_active``: most started requests (running + paused) at once; ``max_queued``: most
+    requests waiting to start before submit raises ``QueueFull``.
+    """
+
+    def __init__(self, generator, policy, cost, pool, host, *, model: str = "qwen-image",
+                 max_active: int = 64, max_queued: int = 256, clock=time.perf_counter,
+                 offload_mode: str = "auto", idle_wait_s: float = 0.05,
+                 slo_scale: float = 3.0):
+        self.gen, self.policy, self.cost = generator, policy, cost
+        self.pool, self.host, self.model = pool, host, model
+        self.max_active, self.max_queued = max_active, max_queued
+        self.clock = clock
+        self.idle_wait_s = idle_wait_s
+        self.slo_scale = slo_scale
+        self.intake = Intake()
+        self.executor = PlanExecutor(self, offload_mode)
+        self._listeners: list = []
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ other threads
+    def submit(self, request: GenerationRequest, *, priority: int = 1,
+               slo_ms: float | None = None, arrival: float | None = None) -> Ticket:
+        """Queue a request; returns its :class:`Ticket` at once.
+
+        Raises ``RequestTooLarge`` (its state needs more pages than the whole pool),
+        ``QueueFull`` (``max_queued`` waiting; ``retry_after_s`` estimated),
+        ``EngineStopped`` (draining or stopped) and ``ValueError`` for bad fields.
+        """
+        if self.intake.draining or self.intake.stopping:
+            raise EngineStopped("the server is shutting down and takes no new requests")
+        if not request.request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        need = int(self.gen.estimate_pages(request, self.pool.page_bytes))
+        if need > self.pool.num_pages:
+            raise RequestTooLarge(
+                f"size: a {request.width}x{request.height}x{request.num_frames} request needs "
+                f"{need} pages of {self.pool.page_bytes} bytes, the pool has "
+                f"{self.pool.num_pages} (raise --pool-mb or ask for a smaller size)", "size")
+        now = self.clock() if arrival is None else arrival
+        sched = Request(id=request.request_id, arrival=now, model=self.model,
+                        width=request.width, height=request.height,
+                        frames=request.num_frames, steps=request.num_inference_steps,
+                        priority=priority, slo_ms=slo_ms, prompt=request.prompt,
+                        seed=request.seed)
+        self.cost.assign_deadline(sched, self.slo_scale)
+        slo = 1000.0 * (sched.deadline - sched.arrival)
+        ticket = Ticket(request.request_id, priority, slo)
+        job = Job(gen=request, sched=sched, ticket=ticket, timing=Timing(arrival=now),
+                  pages_needed=need)
+        if not self.intake.push(job, self.max_queued):
+            raise QueueFull(f"{self.max_queued} requests are already waiting; retry later",
+                            retry_after_s=max(1.0, sched.standalone_s or 1.0))
+        return ticket
+
+    def cancel(self, request_id: str, reason: str = "cancelled by the client") -> bool:
+        """Cancel a queued or running request: its future raises ``RequestCancelled`` and
+        its pages are freed at the top of the next iteration. False if unknown/finished."""
+        return self.intake.cancel(request_id, reason)
+
+    def progress(self, request_id: str) -> float | None:
+        """Fraction of denoising steps done (0..1), None when unknown or finished."""
+        with self.intake.lock:
+            job = self.intake.live.get(request_id)
+        if job is None:
+            return None
+        status = job.status
+        return 0.0 if status is None else status.steps_done / max(1, job.sched.steps)
+
+    def stats(self):
+        """An ``EngineStats`` snapshot."""
+        return self.intake.snapshot()
+
+    def add_listener(self, listener) -> None:
+        """``listener.on_step(seconds, batch_size)`` and ``listener.on_finish(result)`` are
+        called from the engine thread (keep them cheap)."""
+        self._listeners.append(listener)
+
+    def start(self) -> Engine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ditmem-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Stop intake, finish what was submitted, stop the thread. True when all finished."""
+        with self.intake.lock:
+            self.intake.draining = True
+            self.intake.wake.notify()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._thread is not None and self._thread.is_alive():
+            with self.intake.lock:
+                if not self.intake.live:
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                self.stop()
+                return False
+            time.sleep(0.01)
+        self.stop()
+        return True
+
+    def stop(self) -> None:
+        """Stop now: whatever is unfinished is cancelled (pages freed)."""
+        with self.intake.lock:
+            self.intake.stopping = True
+            for job_id in list(self.intake.live):
+                self.intake.cancels.append((job_id, "the engine stopped"))
+            self.intake.wake.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        ex = self.executor
+        while True:
+            worked = ex.iterate()
+            if self.intake.stopping and not ex.has_work():
+                ex.take_intake()
+                if not ex.has_work():
+                    break
+            if not worked:
+                self.intake.wait(self.idle_wait_s if ex.has_work() else None)
+        ex.close()
+
+    def _notify_step(self, seconds: float, batch: int) -> None:
+        for listener in self._listeners:
+            listener.on_step(seconds, batch)
+
+    def _notify_finish(self, result) -> None:
+        for listener in self._listeners:
+            listener.on_finish(result)
+
+
+__all__ = ["Engine", "RequestCancelled"]

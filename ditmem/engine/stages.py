@@ -1,0 +1,103 @@
+"""The stages the engine executes for a plan: encode, packed step, decode, offload, restore.
+
+Each wraps one generator or offload-engine call with timing and an NVTX range, and updates
+the job's ``Timing`` and scheduler ``RequestStatus``. Nothing here decides anything: the
+policy chose the ids, the loop hands over the jobs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ditmem.engine.jobs import Job
+from ditmem.engine.tracing import stage_range
+from ditmem.memory import OffloadEngine, PagePool
+
+
+def state_pages(state) -> int:
+    """Pages a ``RequestState`` occupies (device or host, wherever it lives)."""
+    return int(state.num_pages)
+
+
+class Stages:
+    """Executes stages for jobs on one generator, device pool and offload engine.
+
+    ``clock`` returns seconds (float); all durations recorded are differences of it.
+    """
+
+    def __init__(self, generator, pool: PagePool, offloader: OffloadEngine, clock):
+        self.gen = generator
+        self.pool = pool
+        self.offloader = offloader
+        self.clock = clock
+
+    def encode(self, job: Job) -> bool:
+        """Encode ``job`` into fresh pages; False (nothing allocated) when there is no room."""
+        t0 = self.clock()
+        if job.timing.started is None:
+            job.timing.started = t0
+        with stage_range("encode", job.id):
+            state = self.gen.encode(job.gen, self.pool)
+        dt = self.clock() - t0
+        job.timing.encode_s += dt
+        job.timing.running_s += dt
+        if state is None:
+            return False
+        job.state = state
+        return True
+
+    def step(self, jobs: list[Job]) -> float:
+        """One packed denoising step over ``jobs``; returns its wall time in seconds."""
+        t0 = self.clock()
+        with stage_range("step", f"batch={len(jobs)}"):
+            self.gen.step([j.state for j in jobs])
+        dt = self.clock() - t0
+        for j in jobs:
+            j.timing.running_s += dt
+            j.timing.steps_run += 1
+            j.status.steps_done = self.gen.progress(j.state)[0]
+        return dt
+
+    def is_done(self, job: Job) -> bool:
+        return bool(self.gen.is_done(job.state))
+
+    def decode(self, job: Job) -> np.ndarray:
+        """VAE-decode a finished job: uint8 ``[H, W, 3]`` or ``[F, H, W, 3]``."""
+        t0 = self.clock()
+        with stage_range("decode", job.id):
+            out = self.gen.decode(job.state)
+        dt = self.clock() - t0
+        job.timing.decode_s += dt
+        job.timing.running_s += dt
+        return out
+
+    def start_offload(self, job: Job):
+        """Launch the copy of ``job``'s pages to the host; returns the transfer handle."""
+        with stage_range("offload", job.id):
+            return job.state.start_offload(self.offloader)
+
+    def finish_offload(self, job: Job, handle) -> int:
+        """Wait for an offload; the device pages are free afterwards. Returns bytes moved."""
+        t0 = self.clock()
+        with stage_range("offload", job.id):
+            self.offloader.finish_offload(handle)
+        job.timing.offload_s += self.clock() - t0
+        return handle.num_pages * self.pool.page_bytes
+
+    def restore(self, job: Job) -> int | None:
+        """Bring ``job``'s pages back into free device pages; bytes moved, or None when the
+        pool has no room (nothing changed)."""
+        t0 = self.clock()
+        with stage_range("restore", job.id):
+            handle = job.state.start_restore(self.offloader)
+            if handle is None:
+                return None
+            self.offloader.finish_restore(handle)
+        job.timing.offload_s += self.clock() - t0
+        return handle.num_pages * self.pool.page_bytes
+
+    def release(self, job: Job) -> None:
+        """Free every page the job holds (device and host). Safe to call twice."""
+        if job.state is not None:
+            self.gen.release(job.state)
+            job.state = None
