@@ -1,0 +1,111 @@
+"""ditmem's adapter for diffusers' ``WanTransformer3DModel`` (Wan2.1 / Wan2.2 text-to-video).
+
+    adapter = ditmem.models.wan.patch(transformer)     # or ditmem.patch(...)
+    outs = adapter.forward_packed([
+        {"hidden_states": x1, "timestep": t1, "encoder_hidden_states": e1},
+        {"hidden_states": x2, "timestep": t2, "cross_kv": cache2},   # cached text K/V
+    ])                                                 # -> [[1, C, F, H, W], ...]
+    adapter.unpatch()                                  # the original processors are back
+
+Patching swaps every ``attn1``/``attn2`` processor for ditmem's
+(:mod:`ditmem.models.wan_attention`), so even the stock ``forward`` runs through
+``ditmem.ops.paged_attention``; ``forward_packed`` runs one forward over many requests
+(:mod:`ditmem.models.wan_packed`). Cross-attention K/V kept in pages:
+:mod:`ditmem.models.wan_kv_cache`. Step-decomposed generation: :mod:`ditmem.models.wan_generate`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditmem.models import wan_packed
+from ditmem.models.wan_attention import WanCrossAttention, WanSelfAttention
+from ditmem.models.wan_kv_cache import WanCrossKV, cached_text_kv, compute_cross_kv
+
+
+class WanAdapter:
+    """A patched ``WanTransformer3DModel``. Attributes: ``model`` (the transformer)."""
+
+    def __init__(self, model) -> None:
+        for i, block in enumerate(model.blocks):
+            if block.attn2.add_k_proj is not None:
+                raise TypeError(f"ditmem.patch: block {i} has image K/V projections (Wan I2V); "
+                                "only text-to-video Wan transformers are supported")
+        self.model = model
+        self._original = dict(model.attn_processors)
+        processors = {}
+        for name in self._original:
+            index = int(name.split(".")[1])
+            processors[name] = (WanSelfAttention() if ".attn1." in name
+                                else WanCrossAttention(index))
+        model.set_attn_processor(processors)
+        self._patched = True
+
+    def unpatch(self) -> None:
+        """Put back the exact processor objects the model had before patching."""
+        if self._patched:
+            self.model.set_attn_processor(dict(self._original))
+            self._patched = False
+
+    def _check_patched(self, what: str) -> None:
+        if not self._patched:
+            raise RuntimeError(f"{what}: the adapter was unpatched; patch the model again")
+
+    @torch.no_grad()
+    def forward_packed(self, requests: list[dict]) -> list[torch.Tensor]:
+        """One forward over B requests; returns each request's ``[1, C, F, H, W]``.
+
+        Each dict holds ``hidden_states [1, C, F, H, W]``, ``timestep`` ([1] or [1, S]) and
+        either ``encoder_hidden_states [1, L, text_dim]`` or ``cross_kv`` (an attached
+        :class:`WanCrossKV` of this transformer); all requests use the same kind.
+        """
+        batch = self.prepare(requests)
+        wan_packed.run_blocks(self.model, batch)
+        return wan_packed.unembed(self.model, batch)
+
+    @torch.no_grad()
+    def prepare(self, requests: list[dict]) -> wan_packed.PackedBatch:
+        """Embed and condition ``requests`` (see :meth:`forward_packed`) without running any
+        block: the start of a step that runs blocks in chunks (``wan_packed.run_blocks``)."""
+        self._check_patched("forward_packed")
+        if not requests:
+            raise ValueError("requests: empty list (need at least one request)")
+        for i, kw in enumerate(requests):
+            missing = {"hidden_states", "timestep"} - kw.keys()
+            if missing:
+                raise ValueError(f"requests[{i}]: missing {sorted(missing)}")
+        cached = ["cross_kv" in kw for kw in requests]
+        if any(cached) and not all(cached):
+            raise ValueError("requests: mix cross_kv and encoder_hidden_states in one call")
+        if all(cached):
+            caches = [kw["cross_kv"] for kw in requests]
+            batch = wan_packed.embed(self.model, requests, None)
+            batch.attention.cached = cached_text_kv(self.model, caches)
+            return batch
+        text = [kw.get("encoder_hidden_states") for kw in requests]
+        for i, e in enumerate(text):
+            if not isinstance(e, torch.Tensor) or e.dim() != 3 or e.shape[0] != 1:
+                shape = tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
+                raise ValueError(f"requests[{i}]['encoder_hidden_states']: expected "
+                                 f"[1, L, text_dim], got {shape}")
+        return wan_packed.embed(self.model, requests, text)
+
+    @torch.no_grad()
+    def cache_cross_kv(self, encoder_hidden_states: torch.Tensor, pool) -> WanCrossKV | None:
+        """Compute this transformer's text K/V of every layer once into pages of ``pool``
+        (``None`` when the pool has no room). See :mod:`ditmem.models.wan_kv_cache`."""
+        self._check_patched("cache_cross_kv")
+        return compute_cross_kv(self.model, encoder_hidden_states, pool)
+
+
+def patch(model) -> WanAdapter:
+    """Patch a ``WanTransformer3DModel``; returns the :class:`WanAdapter`."""
+    return WanAdapter(model)
+
+
+def load(name_or_path: str, **kwargs):
+    """The Wan generator: ``"tiny-wan"`` (embedded) or a local diffusers Wan folder.
+    kwargs go to :class:`ditmem.models.wan_generate.WanGenerator`."""
+    from ditmem.models.wan_generate import WanGenerator
+
+    return WanGenerator.load(name_or_path, **kwargs)

@@ -1,0 +1,165 @@
+"""Wan attention processors that run through ``ditmem.ops.paged_attention``.
+
+``WanSelfAttention`` replaces ``attn1`` (video self-attention with 3-D RoPE) and
+``WanCrossAttention`` replaces ``attn2`` (video queries, text keys/values) of each
+``WanTransformerBlock``. Both serve two kinds of call:
+
+* the stock call ``attn(hidden [B, S, dim], encoder_hidden_states, None, rotary_emb)`` made
+  by ``WanTransformer3DModel.forward`` on a patched model: each batch item becomes one
+  segment of a ragged batch, so the patched model returns what the stock one does;
+* the packed call of ``forward_packed``: ``hidden [1, T, dim]`` holds B requests' tokens
+  back to back and ``packed=`` (a :class:`PackedAttention`) says where each request's
+  tokens, RoPE tables and text keys/values are. Metadata travels as this keyword argument
+  (``WanAttention.forward`` hands extra keywords to its processor), never as global state.
+
+Text keys/values come either from packed text embeddings (recomputed every call) or from a
+request's cached cross-attention pages (:mod:`ditmem.models.wan_kv_cache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ditmem.models.packing import PackedLayout
+from ditmem.ops import paged_attention
+
+
+@dataclass(slots=True)
+class RopeTable:
+    """RoPE factors for packed tokens: ``cos``/``sin`` float64 ``[T, 1, D/2]`` (the even
+    columns of Wan's cos table and the odd columns of its sin table)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @staticmethod
+    def from_wan(freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> RopeTable:
+        """From ``WanRotaryPosEmbed`` output ``[..., S, 1, D]`` (any leading dims of 1)."""
+        return RopeTable(freqs_cos[..., 0::2], freqs_sin[..., 1::2])
+
+
+@dataclass(slots=True)
+class CachedTextKV:
+    """Cross-attention keys/values read from pages for one packed call.
+
+    views: per layer, ``(k_cache, v_cache, block_table)``: block pools
+    ``[num_blocks, block_size, H, D]`` (views of one arena, contiguous blocks) and int32
+    ``[B, max_blocks]``; kv_lens: int32 ``[B]`` text lengths.
+    """
+
+    views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    kv_lens: torch.Tensor
+
+
+@dataclass(slots=True)
+class PackedAttention:
+    """Where B requests live in one packed forward.
+
+    layout: the video tokens' :class:`PackedLayout`; rope: their RoPE factors; text: packed
+    text embeddings ``[1, T_text, dim]`` with text_layout, or ``None`` when cached is given.
+    """
+
+    layout: PackedLayout
+    rope: RopeTable
+    text: torch.Tensor | None = None
+    text_layout: PackedLayout | None = None
+    cached: CachedTextKV | None = None
+
+
+def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
+    """Rotate interleaved pairs of ``x [..., T, H, D]`` by ``rope`` (float64 math like Wan,
+    result in x's dtype)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    rotated = torch.stack((x1 * rope.cos - x2 * rope.sin, x1 * rope.sin + x2 * rope.cos), -1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
+def _heads(attn, x: torch.Tensor) -> torch.Tensor:
+    return x.unflatten(-1, (attn.heads, -1))
+
+
+def text_kv(attn, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (after norm_k) and values ``[..., L, H, D]`` of text embeddings ``[..., L, dim]``
+    (what the cross-attention cache stores)."""
+    if getattr(attn, "fused_projections", False):
+        key, value = attn.to_kv(text).chunk(2, dim=-1)
+    else:
+        key, value = attn.to_k(text), attn.to_v(text)
+    return _heads(attn, attn.norm_k(key)), _heads(attn, value)
+
+
+def _output(attn, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    out = out.flatten(-2).type_as(like)
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def _check_stock_call(attn, attention_mask) -> None:
+    if attention_mask is not None:
+        raise ValueError("attention_mask: Wan's processors take no mask; ditmem's do not either")
+    if attn.add_k_proj is not None:
+        raise NotImplementedError("image-conditioned Wan (added K/V projections) is not supported")
+
+
+class WanSelfAttention:
+    """``attn1`` processor: ragged self-attention of video tokens with per-request RoPE."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None, packed: PackedAttention | None = None) -> torch.Tensor:
+        """hidden_states ``[B, S, dim]`` (stock) or ``[1, T, dim]`` with ``packed``."""
+        _check_stock_call(attn, attention_mask)
+        if getattr(attn, "fused_projections", False):
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query = attn.to_q(hidden_states)
+            key, value = attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query = _heads(attn, attn.norm_q(query))
+        key = _heads(attn, attn.norm_k(key))
+        value = _heads(attn, value)
+        batch, seq = hidden_states.shape[:2]
+        if packed is None:
+            layout = PackedLayout.build([seq] * batch, device=hidden_states.device)
+            rope = RopeTable.from_wan(*rotary_emb) if rotary_emb is not None else None
+        else:
+            layout, rope = packed.layout, packed.rope
+        if rope is not None:
+            query, key = apply_rope(query, rope), apply_rope(key, rope)
+        query, key, value = (t.flatten(0, 1) for t in (query, key, value))
+        out = paged_attention(query, layout.to_blocks(key), layout.to_blocks(value),
+                              layout.cu_seqlens, layout.block_table, layout.kv_lens)
+        return _output(attn, out.unflatten(0, (batch, seq)), query)
+
+
+class WanCrossAttention:
+    """``attn2`` processor for transformer layer ``layer``: video queries over text K/V."""
+
+    def __init__(self, layer: int) -> None:
+        self.layer = layer
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None, packed: PackedAttention | None = None) -> torch.Tensor:
+        """hidden_states ``[B, S, dim]`` with text ``[B, L, dim]`` (stock), or ``[1, T, dim]``
+        with ``packed`` (text packed alongside or read from cached pages)."""
+        _check_stock_call(attn, attention_mask)
+        query = _heads(attn, attn.norm_q(attn.to_q(hidden_states)))
+        batch, seq = hidden_states.shape[:2]
+        flat_q = query.flatten(0, 1)
+        if packed is None:
+            q_layout = PackedLayout.build([seq] * batch, device=hidden_states.device)
+            kv_layout = PackedLayout.build([encoder_hidden_states.shape[1]] * batch,
+                                           device=hidden_states.device)
+            text = encoder_hidden_states
+        else:
+            q_layout, kv_layout, text = packed.layout, packed.text_layout, packed.text
+        if packed is not None and packed.cached is not None:
+            k_cache, v_cache, table = packed.cached.views[self.layer]
+            kv_lens = packed.cached.kv_lens
+        else:
+            key, value = text_kv(attn, text)
+            k_cache = kv_layout.to_blocks(key.flatten(0, 1))
+            v_cache = kv_layout.to_blocks(value.flatten(0, 1))
+            table, kv_lens = kv_layout.block_table, kv_layout.kv_lens
+        out = paged_attention(flat_q, k_cache, v_cache, q_layout.cu_seqlens, table, kv_lens)
+        return _output(attn, out.unflatten(0, (batch, seq)), query)
+

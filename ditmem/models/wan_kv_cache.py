@@ -1,0 +1,179 @@
+"""Wan cross-attention keys/values, computed once per request and kept in pages.
+
+The text a request is conditioned on never changes across denoising steps, so neither do
+the cross-attention keys ``norm_k(to_k(text_embedder(e)))`` and values ``to_v(...)`` of any
+layer. :func:`compute_cross_kv` computes them once for every layer of one transformer.
+
+Page layout (what ``ditmem.ops.paged_attention`` reads directly): the cache is a
+``PagedTensor`` of rows ``[H, D]``; each of its pages holds the same ``tokens_per_page``
+text tokens for a group of layers, as ``[layers_in_group, 2 (key, value), tokens_per_page,
+H, D]``. Layer ``j`` of the group is then, over the whole arena, ``kernel_view()[:, rows]``
+— a ``[num_pages, tokens_per_page, H, D]`` block pool whose blocks are contiguous — with
+the tensor's page table as block table. A page normally holds all layers (one tensor per
+request, transformer and CFG branch); when a page is too small for that, the layers are
+split over several tensors (:func:`cross_kv_geometry`).
+
+``detach()`` hands the cache's tensors to the engine for offloading and forbids reads
+until ``attach()`` (after they are restored, in whatever pages they landed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ditmem.memory import PagedTensor, TensorState, rows_per_page
+from ditmem.models.wan_attention import CachedTextKV, text_kv
+
+
+@dataclass(slots=True, frozen=True)
+class CrossKVGeometry:
+    """How a transformer's text K/V fill pages: ``groups`` (first layer, layer count) per
+    tensor, ``tokens_per_page`` and ``rows_per_page`` (rows of ``[H, D]``)."""
+
+    groups: tuple[tuple[int, int], ...]
+    tokens_per_page: int
+    rows_per_page: int
+
+    def pages(self, text_len: int) -> int:
+        """Pages one request branch needs for ``text_len`` text tokens (all groups)."""
+        return len(self.groups) * -(-text_len // self.tokens_per_page)
+
+
+def cross_kv_geometry(num_layers: int, heads: int, head_dim: int, dtype: torch.dtype,
+                      page_bytes: int) -> CrossKVGeometry:
+    """Pure arithmetic: the page geometry of a ``num_layers``-layer cache of ``dtype``.
+
+    Puts as many layers in one page as fit with at least ``min(64, rows // 2)`` tokens each.
+    """
+    rpp = rows_per_page((heads, head_dim), dtype, page_bytes)
+    if rpp < 2:
+        raise ValueError(f"page_bytes: {page_bytes} cannot hold one key and one value row of "
+                         f"[{heads}, {head_dim}] {dtype}")
+    per_group = max(1, min(num_layers, rpp // (2 * min(64, rpp // 2))))
+    tokens = rpp // (2 * per_group)
+    groups = tuple((s, min(per_group, num_layers - s)) for s in range(0, num_layers, per_group))
+    return CrossKVGeometry(groups, tokens, rpp)
+
+
+def geometry_of(model, page_bytes: int) -> CrossKVGeometry:
+    """:func:`cross_kv_geometry` for a ``WanTransformer3DModel`` in its own dtype."""
+    cfg = model.config
+    return cross_kv_geometry(cfg.num_layers, cfg.num_attention_heads, cfg.attention_head_dim,
+                             model.proj_out.weight.dtype, page_bytes)
+
+
+class WanCrossKV:
+    """One request's cached text K/V for one transformer (``owner``) and one CFG branch.
+
+    tensors: one ``PagedTensor`` of rows ``[H, D]`` per layer group; geometry: their layout;
+    text_len: text tokens L.
+    """
+
+    __slots__ = ("tensors", "geometry", "text_len", "owner", "attached")
+
+    def __init__(self, tensors: list[PagedTensor], geometry: CrossKVGeometry, text_len: int,
+                 owner) -> None:
+        self.tensors = tensors
+        self.geometry = geometry
+        self.text_len = text_len
+        self.owner = owner
+        self.attached = True
+
+    def detach(self) -> list[PagedTensor]:
+        """Stop using the cache (so its pages may be offloaded); returns its tensors."""
+        self.attached = False
+        return list(self.tensors)
+
+    def attach(self) -> None:
+        """Use the cache again; its tensors must be back in device pages."""
+        for t in self.tensors:
+            if t.state is not TensorState.ON_DEVICE:
+                raise RuntimeError(f"attach: cross-attention K/V tensor is {t.state.value}; "
+                                   "restore it first")
+        self.attached = True
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values, each ``[num_layers, L, H, D]`` (tests, inspection)."""
+        geo, keys, values = self.geometry, [], []
+        for t, (_, count) in zip(self.tensors, geo.groups, strict=True):
+            pages = t.read().unflatten(0, (-1, geo.rows_per_page))
+            used = pages[:, : 2 * count * geo.tokens_per_page]
+            kv = used.unflatten(1, (count, 2, geo.tokens_per_page)).permute(1, 2, 0, 3, 4, 5)
+            kv = kv.flatten(2, 3)[:, :, : self.text_len]  # [count, 2, L, H, D]
+            keys.append(kv[:, 0])
+            values.append(kv[:, 1])
+        return torch.cat(keys), torch.cat(values)
+
+    def free(self) -> None:
+        """Release the pages."""
+        for t in self.tensors:
+            t.free()
+
+
+def compute_cross_kv(model, encoder_hidden_states: torch.Tensor, pool) -> WanCrossKV | None:
+    """Text K/V of every layer of ``model`` for ``encoder_hidden_states [1, L, text_dim]``
+    (the pipeline's padded prompt embeddings), written to pages of ``pool`` in the model's
+    dtype. Returns ``None`` (nothing left allocated) when the pool has no room."""
+    if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[0] != 1:
+        raise ValueError("encoder_hidden_states: expected [1, L, text_dim], got "
+                         f"{tuple(encoder_hidden_states.shape)}")
+    dtype = model.proj_out.weight.dtype
+    geo = geometry_of(model, pool.page_bytes)
+    text = model.condition_embedder.text_embedder(encoder_hidden_states.to(dtype))[0]
+    length, tpp, rpp = text.shape[0], geo.tokens_per_page, geo.rows_per_page
+    num_pages = -(-length // tpp)
+    tensors = []
+    for first, count in geo.groups:
+        tensor = pool.allocate_tensor(num_pages * rpp, _row_shape(model), dtype)
+        if tensor is None:
+            for t in tensors:
+                t.free()
+            return None
+        tensors.append(tensor)
+        pages = text.new_zeros(num_pages, rpp, *_row_shape(model))
+        for j in range(count):
+            key, value = text_kv(model.blocks[first + j].attn2, text)
+            for c, x in enumerate((key, value)):
+                padded = torch.cat([x, x.new_zeros(num_pages * tpp - length, *x.shape[1:])])
+                lo = (2 * j + c) * tpp
+                pages[:, lo : lo + tpp] = padded.unflatten(0, (num_pages, tpp))
+        tensor.write(pages.flatten(0, 1))
+    return WanCrossKV(tensors, geo, length, model)
+
+
+def _row_shape(model) -> tuple[int, int]:
+    return (model.config.num_attention_heads, model.config.attention_head_dim)
+
+
+def cached_text_kv(model, caches: list[WanCrossKV]) -> CachedTextKV:
+    """Per-layer block pools and block tables of B requests' caches (one per packed
+    segment, in order) for ``paged_attention``. All caches must be attached, belong to
+    ``model`` and live in one pool."""
+    for i, c in enumerate(caches):
+        if not isinstance(c, WanCrossKV):
+            raise ValueError(f"requests[{i}]['cross_kv']: expected a WanCrossKV, got "
+                             f"{type(c).__name__}")
+        if c.owner is not model:
+            raise ValueError(f"requests[{i}]['cross_kv']: computed by another transformer")
+        if not c.attached:
+            raise ValueError(f"requests[{i}]['cross_kv']: detached (offloaded); attach() it "
+                             "after restoring")
+        if c.tensors[0].pool is not caches[0].tensors[0].pool:
+            raise ValueError(f"requests[{i}]['cross_kv']: lives in another page pool")
+    geo = caches[0].geometry
+    tpp = geo.tokens_per_page
+    kv_lens = torch.tensor([c.text_len for c in caches], dtype=torch.int32)
+    views = []
+    for g, (_, count) in enumerate(geo.groups):
+        arena = caches[0].tensors[g].kernel_view()  # [num_pages, rows_per_page, H, D]
+        tables = [c.tensors[g].page_table for c in caches]
+        width = max(t.numel() for t in tables)
+        table = torch.zeros(len(caches), width, dtype=torch.int32, device=arena.device)
+        for b, t in enumerate(tables):
+            table[b, : t.numel()] = t
+        for j in range(count):
+            lo = 2 * j * tpp
+            views.append((arena[:, lo : lo + tpp], arena[:, lo + tpp : lo + 2 * tpp], table))
+    return CachedTextKV(views, kv_lens.to(views[0][0].device))
