@@ -75,6 +75,13 @@ def _check_kwargs(i: int, kw: dict) -> None:
         raise ValueError(f"forward_packed: request {i} needs img_shapes")
 
 
+def per_row(fn, x: torch.Tensor) -> torch.Tensor:
+    """Apply ``fn`` to each row of ``x [B, ...]`` separately and stack: per-request
+    conditioning (timestep embedding, modulation) then does not depend on which other
+    requests share the batch (BLAS picks different kernels for different small M)."""
+    return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
+
+
 def _modulate(x, params, seg):
     """x [T, dim]; params [B, 3*dim] (shift, scale, gate); seg [T] -> (x', gate [T, dim])."""
     shift, scale, gate = params.chunk(3, dim=-1)
@@ -83,8 +90,8 @@ def _modulate(x, params, seg):
 
 def run_block(block, batch: PackedBatch) -> None:
     """One ``QwenImageTransformerBlock`` on packed rows, with per-token modulation."""
-    img_mod1, img_mod2 = block.img_mod(batch.temb).chunk(2, dim=-1)
-    txt_mod1, txt_mod2 = block.txt_mod(batch.temb).chunk(2, dim=-1)
+    img_mod1, img_mod2 = per_row(block.img_mod, batch.temb).chunk(2, dim=-1)
+    txt_mod1, txt_mod2 = per_row(block.txt_mod, batch.temb).chunk(2, dim=-1)
     img, txt = batch.img, batch.txt
     img_in, img_gate1 = _modulate(block.img_norm1(img), img_mod1, batch.img_seg)
     txt_in, txt_gate1 = _modulate(block.txt_norm1(txt), txt_mod1, batch.txt_seg)
@@ -118,9 +125,8 @@ class QwenAdapter:
         self.model = model
         self.block_size = block_size
         self._original = dict(model.attn_processors)
-        model.set_attn_processor(
-            {name: DitmemQwenAttnProcessor(block_size) for name in self._original}
-        )
+        self._ours = {name: DitmemQwenAttnProcessor(block_size) for name in self._original}
+        model.set_attn_processor(dict(self._ours))
         self.patched = True
 
     @property
@@ -132,6 +138,12 @@ class QwenAdapter:
         if self.patched:
             self.model.set_attn_processor(dict(self._original))
             self.patched = False
+
+    def repatch(self) -> None:
+        """Install ditmem's processors again after :meth:`unpatch` (idempotent)."""
+        if not self.patched:
+            self.model.set_attn_processor(dict(self._ours))
+            self.patched = True
 
     def _require_patched(self) -> None:
         if not self.patched:
@@ -165,7 +177,7 @@ class QwenAdapter:
         img = m.img_in(torch.cat(hs))
         txt = m.txt_in(m.txt_norm(torch.cat(txts)))
         timestep = torch.cat(steps).to(img.dtype)
-        temb = m.time_text_embed(timestep, img)
+        temb = per_row(lambda t: m.time_text_embed(t, img), timestep)
         device = img.device
         seg = torch.arange(len(kwargs_list), device=device)
         joint = PackedJoint.build(
@@ -204,7 +216,8 @@ class QwenAdapter:
             )
         m = self.model
         norm = m.norm_out
-        scale, shift = norm.linear(norm.silu(batch.temb).to(batch.img.dtype)).chunk(2, dim=1)
+        emb = per_row(lambda t: norm.linear(norm.silu(t).to(batch.img.dtype)), batch.temb)
+        scale, shift = emb.chunk(2, dim=1)
         x = norm.norm(batch.img) * (1 + scale[batch.img_seg]) + shift[batch.img_seg]
         out = m.proj_out(x)
         return [o.unsqueeze(0) for o in torch.split(out, batch.img_lens)]
