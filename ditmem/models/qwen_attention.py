@@ -10,8 +10,9 @@ attention with ``ditmem.ops.paged_attention`` over block-aligned K/V. Two call f
   Masked text tokens are left out of the keys (they still produce query outputs).
 * **packed** — ``packed=PackedJoint``: ``hidden_states [T_img, dim]`` and
   ``encoder_hidden_states [T_txt, dim]`` hold several requests' tokens back to back
-  (masked text tokens already dropped), RoPE is per token. Returns ``[T_img, dim]``,
-  ``[T_txt, dim]``.
+  (masked text tokens already dropped), RoPE is per token. Rows past the layout's real
+  tokens are padding (see ``qwen_packed.MIN_ROWS``): projected, never attended, returned
+  as projections of zeros. Returns ``[T_img, dim]``, ``[T_txt, dim]``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ def _project(attn, img: torch.Tensor, txt: torch.Tensor):
     return q, k, v, tq, tk, tv
 
 
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
+
+
 def _out(attn, img_o: torch.Tensor, txt_o: torch.Tensor):
     img_o = attn.to_out[0](img_o.contiguous())
     if len(attn.to_out) > 1:
@@ -123,7 +130,9 @@ class DitmemQwenAttnProcessor:
         )
 
     def _packed(self, attn, img, txt, p: PackedJoint):
+        n_img, n_txt = p.img_pos.numel(), p.txt_pos.numel()
         q, k, v, tq, tk, tv = _project(attn, img, txt)
+        q, k, v, tq, tk, tv = q[:n_img], k[:n_img], v[:n_img], tq[:n_txt], tk[:n_txt], tv[:n_txt]
         q, k = rotate(q, p.img_freqs), rotate(k, p.img_freqs)
         tq, tk = rotate(tq, p.txt_freqs), rotate(tk, p.txt_freqs)
         jq, jk, jv = (
@@ -134,7 +143,8 @@ class DitmemQwenAttnProcessor:
         o = paged_attention(
             jq, lay.to_blocks(jk), lay.to_blocks(jv), lay.cu_seqlens, lay.block_table, lay.kv_lens
         ).flatten(1)
-        return _out(attn, o.index_select(0, p.img_pos), o.index_select(0, p.txt_pos))
+        img_o = _pad_rows(o.index_select(0, p.img_pos), img.shape[0])
+        return _out(attn, img_o, _pad_rows(o.index_select(0, p.txt_pos), txt.shape[0]))
 
     def _plain(self, attn, img, txt, mask, rope):
         batch, s_img, s_txt = img.shape[0], img.shape[1], txt.shape[1]

@@ -25,6 +25,12 @@ import torch
 
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
 
+# BLAS (MKL sgemm) computes a row differently when a matrix has fewer than ~12 rows, so a
+# request's tokens would change bits depending on who shares the batch. Both packed streams
+# are padded with zero rows to at least MIN_ROWS rows; per-request conditioning runs one
+# row at a time (``per_row``) for the same reason.
+MIN_ROWS = 16
+
 UNSUPPORTED_KWARGS = ("guidance", "controlnet_block_samples", "additional_t_cond")
 
 
@@ -80,6 +86,18 @@ def per_row(fn, x: torch.Tensor) -> torch.Tensor:
     conditioning (timestep embedding, modulation) then does not depend on which other
     requests share the batch (BLAS picks different kernels for different small M)."""
     return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
+
+
+def _pad_to_min(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] >= MIN_ROWS:
+        return x
+    return torch.cat([x, x.new_zeros(MIN_ROWS - x.shape[0], *x.shape[1:])])
+
+
+def _segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:
+    """Segment id of every row; padding rows borrow segment 0 (their values are unused)."""
+    ids = torch.repeat_interleave(seg, torch.tensor(lens, device=seg.device))
+    return torch.cat([ids, ids.new_zeros(rows - ids.shape[0])])
 
 
 def _modulate(x, params, seg):
@@ -174,8 +192,8 @@ class QwenAdapter:
             txt_lens.append(ehs.shape[0])
             img_f.append(freqs_img)
             txt_f.append(freqs_txt)
-        img = m.img_in(torch.cat(hs))
-        txt = m.txt_in(m.txt_norm(torch.cat(txts)))
+        img = m.img_in(_pad_to_min(torch.cat(hs)))
+        txt = m.txt_in(m.txt_norm(_pad_to_min(torch.cat(txts))))
         timestep = torch.cat(steps).to(img.dtype)
         temb = per_row(lambda t: m.time_text_embed(t, img), timestep)
         device = img.device
@@ -187,8 +205,8 @@ class QwenAdapter:
             img=img,
             txt=txt,
             temb=temb,
-            img_seg=torch.repeat_interleave(seg, torch.tensor(img_lens, device=device)),
-            txt_seg=torch.repeat_interleave(seg, torch.tensor(txt_lens, device=device)),
+            img_seg=_segment_ids(seg, img_lens, img.shape[0]),
+            txt_seg=_segment_ids(seg, txt_lens, txt.shape[0]),
             img_lens=img_lens,
             joint=joint,
         )
@@ -219,7 +237,7 @@ class QwenAdapter:
         emb = per_row(lambda t: norm.linear(norm.silu(t).to(batch.img.dtype)), batch.temb)
         scale, shift = emb.chunk(2, dim=1)
         x = norm.norm(batch.img) * (1 + scale[batch.img_seg]) + shift[batch.img_seg]
-        out = m.proj_out(x)
+        out = m.proj_out(x)[: sum(batch.img_lens)]
         return [o.unsqueeze(0) for o in torch.split(out, batch.img_lens)]
 
     def forward_packed(self, kwargs_list: list[dict]) -> list[torch.Tensor]:
