@@ -51,6 +51,31 @@ def submit_error_response(exc: SubmitError) -> JSONResponse:
     return error_response(exc.status, str(exc), exc.field, kind, headers)
 
 
+class ApiKeyMiddleware:
+    """Rejects ``/v1`` requests without ``Authorization: Bearer KEY`` (or ``X-API-Key``).
+
+    A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` would hide client
+    disconnects from the routes, which need them to cancel requests."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"")
+            given = given[7:] if given.lower().startswith(b"bearer ") else given
+            given = given or headers.get(b"x-api-key", b"")
+            if not hmac.compare_digest(given, self.key):
+                response = error_response(401, "missing or wrong API key "
+                                          "(Authorization: Bearer KEY)", "authorization",
+                                          "authentication_error")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) -> FastAPI:
     """Build the app. On lifespan shutdown (SIGTERM under uvicorn) the engine stops taking
     requests and finishes the ones it has (``drain``) when ``drain_on_shutdown``."""
@@ -69,16 +94,8 @@ def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) 
     app.state.metrics = ServerMetrics(engine)
     app.state.videos = VideoJobs()
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if config.api_key and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            given = given[7:] if given.lower().startswith("bearer ") else given
-            given = given or request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), config.api_key.encode()):
-                return error_response(401, "missing or wrong API key (Authorization: Bearer)",
-                                      "authorization", "authentication_error")
-        return await call_next(request)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
 
     @app.exception_handler(InvalidField)
     async def on_invalid(request: Request, exc: InvalidField):

@@ -1,0 +1,58 @@
+"""``ditmem serve``: the HTTP server (OpenAI images / vllm-omni chat / videos API).
+
+SIGTERM (or Ctrl-C) stops intake — uvicorn closes the listening socket and lets the
+requests in flight finish — then the engine drains and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ditmem.engine.factory import EngineConfig, build_engine
+from ditmem.server.app import ServerConfig, create_app
+from ditmem.server.schemas import Limits
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen-image",
+                   help="tiny-qwen-image | tiny-wan | a diffusers folder")
+    p.add_argument("--policy", default="slo", choices=("fifo", "srtf", "slo"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("DITMEM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (env DITMEM_API_KEY)")
+    p.add_argument("--pool-mb", type=float, default=64.0, help="device page pool size")
+    p.add_argument("--host-mb", type=float, default=None, help="host pool (default 4x pool)")
+    p.add_argument("--page-kb", type=int, default=64, help="page size in KiB")
+    p.add_argument("--profile", default="cpu-tiny",
+                   help="cost-model profile name or JSON (see ditmem profile)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-active", type=int, default=64, help="running + paused requests")
+    p.add_argument("--max-queued", type=int, default=256, help="waiting requests before 429")
+    p.add_argument("--slo-scale", type=float, default=3.0,
+                   help="default SLO = scale x standalone estimate when slo_ms is not given")
+    p.add_argument("--default-size", default="256x256")
+    p.add_argument("--default-steps", type=int, default=28)
+    p.add_argument("--log-level", default="info")
+
+
+def engine_config(args) -> EngineConfig:
+    return EngineConfig(model=args.model, policy=args.policy, profile=args.profile,
+                        pool_mb=args.pool_mb, host_mb=args.host_mb, page_kb=args.page_kb,
+                        max_active=args.max_active, max_queued=args.max_queued,
+                        device=args.device, slo_scale=args.slo_scale)
+
+
+def main(args) -> int:
+    import uvicorn
+
+    engine = build_engine(engine_config(args)).start()
+    config = ServerConfig(model_name=args.model, api_key=args.api_key,
+                          default_size=args.default_size, default_steps=args.default_steps,
+                          limits=Limits())
+    app = create_app(engine, config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=None)
+    engine.drain(config.drain_timeout_s)
+    return 0
