@@ -24,7 +24,9 @@ from ditmem.models.wan_kv_cache import WanCrossKV, cached_text_kv, compute_cross
 
 
 class WanAdapter:
-    """A patched ``WanTransformer3DModel``. Attributes: ``model`` (the transformer)."""
+    """A patched ``WanTransformer3DModel``. Attributes: ``model`` (the transformer),
+    ``patched``. ``prepare`` / ``run_blocks`` / ``finish`` split a forward at block
+    boundaries (``forward_packed`` runs all three)."""
 
     def __init__(self, model) -> None:
         for i, block in enumerate(model.blocks):
@@ -33,23 +35,34 @@ class WanAdapter:
                                 "only text-to-video Wan transformers are supported")
         self.model = model
         self._original = dict(model.attn_processors)
-        processors = {}
+        self._ours = {}
         for name in self._original:
             index = int(name.split(".")[1])
-            processors[name] = (WanSelfAttention() if ".attn1." in name
+            self._ours[name] = (WanSelfAttention() if ".attn1." in name
                                 else WanCrossAttention(index))
-        model.set_attn_processor(processors)
-        self._patched = True
+        model.set_attn_processor(dict(self._ours))
+        self.patched = True
+
+    @property
+    def num_blocks(self) -> int:
+        """Transformer blocks of the model."""
+        return len(self.model.blocks)
 
     def unpatch(self) -> None:
-        """Put back the exact processor objects the model had before patching."""
-        if self._patched:
+        """Put back the exact processor objects the model had before patching (idempotent)."""
+        if self.patched:
             self.model.set_attn_processor(dict(self._original))
-            self._patched = False
+            self.patched = False
+
+    def repatch(self) -> None:
+        """Install ditmem's processors again after :meth:`unpatch` (idempotent)."""
+        if not self.patched:
+            self.model.set_attn_processor(dict(self._ours))
+            self.patched = True
 
     def _check_patched(self, what: str) -> None:
-        if not self._patched:
-            raise RuntimeError(f"{what}: the adapter was unpatched; patch the model again")
+        if not self.patched:
+            raise RuntimeError(f"{what}: the adapter was unpatched; call repatch() first")
 
     @torch.no_grad()
     def forward_packed(self, requests: list[dict]) -> list[torch.Tensor]:
@@ -60,7 +73,25 @@ class WanAdapter:
         :class:`WanCrossKV` of this transformer); all requests use the same kind.
         """
         batch = self.prepare(requests)
-        wan_packed.run_blocks(self.model, batch)
+        self.run_blocks(batch, 0, self.num_blocks)
+        return self.finish(batch)
+
+    @torch.no_grad()
+    def run_blocks(self, batch: wan_packed.PackedBatch, start: int, stop: int) -> None:
+        """Run blocks ``start .. stop-1`` on a prepared batch; ``start`` must equal
+        ``batch.blocks_done`` (blocks run in order, each once)."""
+        self._check_patched("run_blocks")
+        if start != batch.blocks_done or not start <= stop <= self.num_blocks:
+            raise ValueError(f"start/stop: [{start}, {stop}) is not the next range; "
+                             f"blocks_done={batch.blocks_done}, num_blocks={self.num_blocks}")
+        wan_packed.run_blocks(self.model, batch, start, stop)
+        batch.blocks_done = stop
+
+    @torch.no_grad()
+    def finish(self, batch: wan_packed.PackedBatch) -> list[torch.Tensor]:
+        """Output norm, projection and unpatchify after all blocks: ``[1, C, F, H, W]`` each."""
+        if batch.blocks_done != self.num_blocks:
+            raise ValueError(f"batch: only {batch.blocks_done} of {self.num_blocks} blocks ran")
         return wan_packed.unembed(self.model, batch)
 
     @torch.no_grad()

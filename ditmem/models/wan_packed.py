@@ -32,7 +32,8 @@ class PackedBatch:
 
     hidden: ``[1, T, dim]``; layout: segment b = request b's tokens; grids: post-patch
     ``(frames, height, width)`` per request; temb: ``[R, dim]``; proj: ``[R, 6, dim]``;
-    token_rows: int64 ``[T]`` or ``None`` (R == 1); attention: what the processors read.
+    token_rows: int64 ``[T]`` or ``None`` (R == 1); attention: what the processors read;
+    blocks_done: blocks already run on ``hidden``.
     """
 
     hidden: torch.Tensor
@@ -42,6 +43,7 @@ class PackedBatch:
     proj: torch.Tensor
     token_rows: torch.Tensor | None
     attention: PackedAttention
+    blocks_done: int = 0
 
 
 def _timestep_rows(timestep, num_tokens: int) -> torch.Tensor:
