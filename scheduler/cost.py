@@ -67,6 +67,11 @@ class CostModel:
             self._cache[key] = base
         return base * self._correction[model]
 
+    def min_step_share(self, model: str, tokens: int) -> float:
+        """A lower bound on one request's share of any packed step it is part of (s)."""
+        self._model(model)
+        return self._steps[model].min_share(tokens) * self._correction[model]
+
     def encode_time(self, request: Request) -> float:
         """Seconds to encode the prompt (once, when the request starts)."""
         return float(self._model(request.model)["encode_s"])

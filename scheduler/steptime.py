@@ -61,6 +61,10 @@ class FlopsStepModel:
     def seconds(self, tokens: Sequence[int]) -> float:
         return self._time(tokens, self.n0)
 
+    def min_share(self, tokens: int) -> float:
+        """Infimum of one request's share of any batch's step: its FLOPs at full utilisation."""
+        return self.cfg * self.tflop(tokens) / self.rate
+
 
 class TableStepModel:
     """Measured points ``(tokens, batch) -> seconds``, interpolated log-log in tokens."""
@@ -93,6 +97,11 @@ class TableStepModel:
             mean = sum(tokens) / batch
             return self._interp(self.curves[batch], math.log(mean))
         return sum(self._interp(self.curves[1], math.log(n)) for n in tokens)
+
+    def min_share(self, tokens: int) -> float:
+        """Least per-request step time over the measured batch sizes (tokens each)."""
+        x = math.log(tokens)
+        return min(self._interp(curve, x) / b for b, curve in self.curves.items())
 
 
 def make_step_model(step: dict):

@@ -1,0 +1,219 @@
+"""``simulate``: a deterministic discrete-event replay of the engine loop on one device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .cost import DEFAULT_PAGE_BYTES, CostModel
+from .plan import MemoryState, SchedulerView, StepPlan, StepReport
+from .policies.base import Policy
+from .queue import WaitingQueue
+from .request import Location, Request, RequestStatus
+
+
+class PlanError(RuntimeError):
+    """A policy returned a plan the engine could not execute (names the broken rule)."""
+
+
+@dataclass(slots=True)
+class Record:
+    """The outcome of one request: when it arrived, started and finished (seconds)."""
+
+    request: Request
+    started: float
+    finished: float
+    preemptions: int
+    offloads: int
+
+    @property
+    def latency(self) -> float:
+        return self.finished - self.request.arrival
+
+    @property
+    def met(self) -> bool:
+        return self.finished <= self.request.deadline + 1e-9
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: list[Record]
+    makespan: float
+    iterations: int
+    busy_s: float
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+
+
+class _Engine:
+    """The simulated device: pages, host pool, and the requests it holds."""
+
+    def __init__(self, cost: CostModel, model: str, page_bytes: int, device_pages: int | None):
+        self.cost = cost
+        self.page_bytes = page_bytes
+        self.total = device_pages if device_pages is not None else cost.device_pages(model)
+        self.free = self.total
+        self.host_free = cost.host_pages(page_bytes)
+        self.waiting = WaitingQueue()
+        self.active: dict[str, RequestStatus] = {}
+        self.offloads: dict[str, int] = {}
+
+    def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
+        memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
+        return SchedulerView(list(self.active.values()), self.waiting, memory, last_batch)
+
+    def execute(self, plan: StepPlan, truth: CostModel) -> tuple[float, int]:
+        """Apply the plan's offloads and restores; return (transfer seconds, pages moved)."""
+        moved = 0
+        for rid in plan.offload:
+            s = self._active(rid, "offload")
+            if s.location is not Location.DEVICE:
+                raise PlanError(f"offload of {rid!r}: it is not on the device")
+            if self.host_free < s.pages:
+                raise PlanError(f"offload of {rid!r}: host pool full")
+            s.location, self.free, self.host_free = (
+                Location.HOST,
+                self.free + s.pages,
+                self.host_free - s.pages,
+            )
+            self.offloads[rid] = self.offloads.get(rid, 0) + 1
+            moved += s.pages
+        for rid in plan.restore:
+            s = self._active(rid, "restore")
+            if s.location is not Location.HOST:
+                raise PlanError(f"restore of {rid!r}: it is not on the host")
+            if self.free < s.pages:
+                raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
+            s.location, self.free, self.host_free = (
+                Location.DEVICE,
+                self.free - s.pages,
+                self.host_free + s.pages,
+            )
+            moved += s.pages
+        pre = truth.transfer_time(moved * self.page_bytes)
+        return pre, moved
+
+    def _active(self, rid: str, what: str) -> RequestStatus:
+        s = self.active.get(rid)
+        if s is None:
+            raise PlanError(f"{what} of {rid!r}: not an active request")
+        return s
+
+
+def simulate(
+    requests: Sequence[Request],
+    policy: Policy,
+    cost: CostModel | None = None,
+    *,
+    slo_scale: float = 3.0,
+    page_bytes: int = DEFAULT_PAGE_BYTES,
+    device_pages: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
+
+    The device's true timings come from ``cost`` (default: the policy's cost model). The
+    policy sees only arrived requests, at decision points between iterations. Every request
+    runs to completion. ``progress(done, total)`` is called as requests finish.
+    """
+    truth = cost or policy.cost
+    if not requests:
+        return SimResult([], 0.0, 0, 0.0)
+    models = {r.model for r in requests}
+    if len(models) != 1:
+        raise ValueError(f"simulate() runs one model per device, got {sorted(models)}")
+    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+    for r in pending:
+        if r.deadline is None or r.standalone_s is None:
+            policy.cost.assign_deadline(r, slo_scale)
+    eng = _Engine(truth, pending[0].model, page_bytes, device_pages)
+    records: list[Record] = []
+    now, nxt, iterations, busy = 0.0, 0, 0, 0.0
+    last_batch: tuple[str, ...] = ()
+    batch_sizes: dict[int, int] = {}
+    total = len(pending)
+    while len(records) < total:
+        while nxt < total and pending[nxt].arrival <= now:
+            eng.waiting.push(pending[nxt])
+            nxt += 1
+        plan = policy.schedule(now, eng.view(last_batch))
+        if plan.idle:
+            if nxt >= total:
+                raise PlanError(
+                    f"policy {policy.name!r} stalled at t={now:.3f}s with "
+                    f"{len(eng.waiting)} waiting and {len(eng.active)} active requests"
+                )
+            now = max(now, pending[nxt].arrival)
+            last_batch = ()
+            continue
+        pre, _ = eng.execute(plan, truth)
+        encode = 0.0
+        for rid in plan.admit:
+            if rid not in eng.waiting:
+                raise PlanError(f"admit of {rid!r}: not waiting")
+            req = eng.waiting.get(rid)
+            pages = truth.pages_for(req, page_bytes)
+            if eng.free < pages:
+                raise PlanError(f"admit of {rid!r}: needs {pages} pages, {eng.free} free")
+            eng.waiting.remove(rid)
+            eng.free -= pages
+            eng.active[rid] = RequestStatus(req, started_at=now, pages=pages)
+            encode += truth.encode_time(req)
+        members = [eng._active(rid, "batch") for rid in plan.batch]
+        model = _check_batch(members, truth)
+        tokens = [truth.tokens(s.request) for s in members]
+        step = truth.step_time(model, tokens) if members else 0.0
+        decode, finished = 0.0, []
+        for s in members:
+            s.steps_done += 1
+            if s.steps_done == s.request.steps:
+                decode += truth.decode_time(s.request)
+                finished.append(s)
+        for rid in plan.pause:
+            if rid in eng.active:
+                eng.active[rid].preemptions += 1
+        duration = pre + encode + step + decode
+        now += duration
+        busy += duration
+        iterations += 1
+        batch_sizes[len(members)] = batch_sizes.get(len(members), 0) + 1
+        for s in finished:
+            del eng.active[s.id]
+            eng.free += s.pages
+            records.append(
+                Record(s.request, s.started_at, now, s.preemptions, eng.offloads.get(s.id, 0))
+            )
+        if progress is not None and finished:
+            progress(len(records), total)
+        last_batch = tuple(plan.batch)
+        policy.observe(
+            StepReport(
+                now,
+                list(plan.batch),
+                model,
+                tokens,
+                step,
+                encode,
+                decode,
+                pre,
+                [s.id for s in finished],
+            )
+        )
+    records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
+    return SimResult(records, now, iterations, busy, batch_sizes)
+
+
+def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:
+    if not members:
+        return ""
+    model = members[0].request.model
+    ids = [s.id for s in members]
+    if len(set(ids)) != len(ids):
+        raise PlanError(f"batch {ids} repeats a request")
+    for s in members:
+        if s.request.model != model:
+            raise PlanError(f"batch mixes models {model!r} and {s.request.model!r}")
+        if s.location is not Location.DEVICE:
+            raise PlanError(f"batch member {s.id!r} is on the host (restore it first)")
+    if len(members) > cost.max_batch(model):
+        raise PlanError(f"batch of {len(members)} exceeds max_batch {cost.max_batch(model)}")
+    return model
