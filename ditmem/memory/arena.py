@@ -18,10 +18,13 @@ class PageArena:
     """Fixed-size pages of one preallocated byte tensor.
 
     ``arena`` is ``uint8 [num_pages, page_bytes]`` on ``device``. Pages are identified by
-    their row index in it. Allocation is O(1) per page and never moves data.
+    their row index in it. Allocation is O(1) per page and never moves data. A CPU arena is
+    touched once at creation (``prefault``) so that no copy pays for first-touch page faults;
+    pinned and device memory are resident already.
     """
 
-    def __init__(self, num_pages: int, page_bytes: int, device, *, pin_memory: bool = False):
+    def __init__(self, num_pages: int, page_bytes: int, device, *, pin_memory: bool = False,
+                 prefault: bool = True):
         if not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages <= 0:
             raise ValueError(f"num_pages: expected a positive int, got {num_pages!r}")
         if (not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0
@@ -32,6 +35,9 @@ class PageArena:
         self.page_bytes = page_bytes
         self.arena = torch.empty(
             (num_pages, page_bytes), dtype=torch.uint8, device=self.device, pin_memory=pin_memory)
+        if prefault and self.device.type == "cpu" and not pin_memory:
+            # CPU memory is mapped lazily: touch it now, not on the first copy into a page
+            self.arena.zero_()
         self._pages = FreeList(num_pages)
 
     @property

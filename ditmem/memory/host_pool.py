@@ -28,13 +28,14 @@ class HostPool(PageArena):
     """
 
     def __init__(self, num_pages: int, page_bytes: int = 1 << 20, *, device=None,
-                 pin_memory: bool | None = None) -> None:
+                 pin_memory: bool | None = None, prefault: bool = True) -> None:
         if pin_memory is None:
             if device is None:
                 pin_memory = any(_accelerator_available(k) for k in _PINNED_DEVICE_TYPES)
             else:
                 pin_memory = torch.device(device).type in _PINNED_DEVICE_TYPES
-        super().__init__(num_pages, page_bytes, "cpu", pin_memory=pin_memory)
+        super().__init__(num_pages, page_bytes, "cpu", pin_memory=pin_memory,
+                         prefault=prefault)
 
     def allocate(self, n: int) -> list[int]:
         """``n`` host page ids; raises ``HostPoolExhausted`` if fewer are free."""

@@ -15,9 +15,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-import torch
-
 from ditmem.memory.copiers import make_copier
+from ditmem.memory.copy_plan import plan_copies, run_copies
 from ditmem.memory.errors import TransferError
 from ditmem.memory.host_pool import HostPool
 from ditmem.memory.page_pool import PagePool
@@ -49,9 +48,15 @@ class OffloadEngine:
     ``mode``: "auto" (side stream on CUDA/NPU, synchronous on CPU), "sync", "thread" (a
     worker thread) or "stream". ``pool`` and ``host`` must have the same ``page_bytes``; a
     CUDA/NPU pool needs a pinned host pool.
+
+    ``trim_tails`` copies only the used part of each tensor's last page (see
+    ``copy_plan``); ``None`` means on for a CPU pool and off otherwise, because a host<->GPU
+    copy of several narrowed pages at once is strided, which torch stages through a
+    temporary buffer synchronously.
     """
 
-    def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto") -> None:
+    def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
+                 trim_tails: bool | None = None) -> None:
         if pool.page_bytes != host.page_bytes:
             raise ValueError(f"host: page_bytes {host.page_bytes} differs from the pool's "
                              f"{pool.page_bytes}")
@@ -61,6 +66,7 @@ class OffloadEngine:
         self.pool, self.host = pool, host
         self._copier = make_copier(mode, pool.device)
         self.mode = self._copier.name
+        self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
         self._ids = itertools.count(1)
         self._in_flight: dict[int, TransferHandle] = {}
 
@@ -170,12 +176,12 @@ class OffloadEngine:
         return tensors
 
     def _launch(self, kind, tensors, src, dst, src_arena, dst_arena, state, release):
-        mapping = _mapping(src, dst)
+        plan = plan_copies(tensors, src, dst, self.pool.page_bytes, self.trim_tails)
         handle = TransferHandle(kind, tensors, src, dst, id=next(self._ids), engine=self)
         try:
-            if mapping.shape[0]:
+            if plan:
                 handle.token = self._copier.start(
-                    lambda: copy_blocks(src_arena, dst_arena, mapping))
+                    lambda: run_copies(copy_blocks, src_arena, dst_arena, plan))
         except BaseException:
             release.free([p for pages in dst for p in pages])
             raise
@@ -221,10 +227,3 @@ def _split(flat: list[int], like: list[list[int]]) -> list[list[int]]:
         out.append(flat[i : i + len(pages)])
         i += len(pages)
     return out
-
-
-def _mapping(src: list[list[int]], dst: list[list[int]]) -> torch.Tensor:
-    """int64 [N, 2] of (src page, dst page) pairs, on the CPU."""
-    s = [p for pages in src for p in pages]
-    d = [p for pages in dst for p in pages]
-    return torch.tensor([s, d], dtype=torch.int64).t().contiguous()

@@ -37,8 +37,8 @@ class PagePool(PageArena):
     """
 
     def __init__(self, num_pages: int, page_bytes: int = 1 << 20, device="cpu", *,
-                 watermark: float = 0.0) -> None:
-        super().__init__(num_pages, page_bytes, device)
+                 watermark: float = 0.0, prefault: bool = True) -> None:
+        super().__init__(num_pages, page_bytes, device, prefault=prefault)
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark: expected a fraction in [0, 1), got {watermark}")
         self.watermark_pages = math.ceil(watermark * num_pages)

@@ -12,6 +12,7 @@ from ditmem.memory import (
     TensorStateError,
     TransferError,
 )
+from ditmem.memory.copy_plan import MIN_TRIM_BYTES
 
 MODES = ["sync", "thread"]
 
@@ -127,3 +128,44 @@ def test_misuse_is_rejected():
         OffloadEngine(pool, host, mode="warp")
     t.free()  # freeing on the host releases host pages
     assert host.num_free_pages == 64
+
+
+def test_copy_plan_trims_last_pages_by_size_class():
+    from ditmem.memory.copy_plan import plan_copies, size_class
+
+    page = 1 << 16
+    assert size_class(1, page) == MIN_TRIM_BYTES
+    assert size_class(MIN_TRIM_BYTES + 1, page) == 2 * MIN_TRIM_BYTES
+    assert size_class(page - 1, page) == page
+    pool = PagePool(num_pages=16, page_bytes=page)
+    a = pool.allocate_tensor(3 * (page // 4) - 100, (), torch.float32)  # 3 pages, 65136 B tail
+    b = pool.allocate_tensor(10, (5,), torch.int64)  # 400 bytes in one page
+    src = [a.pages, b.pages]
+    dst = [[7, 8, 9], [3]]
+    plan = dict(plan_copies([a, b], src, dst, page, trim=True))
+    assert sorted(plan) == [MIN_TRIM_BYTES, page]
+    assert plan[page].tolist() == [[a.pages[0], 7], [a.pages[1], 8], [a.pages[2], 9]]
+    assert plan[MIN_TRIM_BYTES].tolist() == [[b.pages[0], 3]]
+    whole = plan_copies([a, b], src, dst, page, trim=False)
+    assert [n for n, _ in whole] == [page] and whole[0][1].shape == (4, 2)
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_trimmed_roundtrip_is_exact_and_skips_unused_bytes(trim):
+    page = 1 << 15
+    pool = PagePool(num_pages=8, page_bytes=page)
+    host = HostPool(num_pages=8, page_bytes=page)
+    eng = OffloadEngine(pool, host, trim_tails=trim)
+    t = pool.allocate_tensor(page // 4 + 10, (), torch.float32)  # 2 pages, 40 B in the 2nd
+    x = torch.randn(page // 4 + 10)
+    t.write(x)
+    pool.arena[t.pages[1], 40:] = 7  # bytes past the data
+    host.arena.zero_()
+    eng.offload([t])
+    tail = host.arena[t.host_pages[1]]
+    copied_past_class = bool((tail[MIN_TRIM_BYTES:] == 7).all())
+    untouched_past_class = bool((tail[MIN_TRIM_BYTES:] == 0).all())
+    assert (copied_past_class, untouched_past_class) == (not trim, trim)
+    assert torch.equal(t.read(), x)
+    assert eng.restore([t]) and torch.equal(t.read(), x)
+

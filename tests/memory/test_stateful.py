@@ -37,11 +37,13 @@ def fill(rows, row_shape, dtype, seed):
 
 class PoolMachine(RuleBasedStateMachine):
     mode = "sync"
+    page_bytes = PAGE_BYTES
+    layouts = LAYOUTS
 
     def __init__(self):
         super().__init__()
-        self.pool = PagePool(DEVICE_PAGES, PAGE_BYTES)
-        self.host = HostPool(HOST_PAGES, PAGE_BYTES)
+        self.pool = PagePool(DEVICE_PAGES, self.page_bytes)
+        self.host = HostPool(HOST_PAGES, self.page_bytes)
         self.eng = OffloadEngine(self.pool, self.host, mode=self.mode)
         self.live = []      # [PagedTensor, shadow]
         self.handles = []   # in-flight TransferHandles
@@ -52,10 +54,10 @@ class PoolMachine(RuleBasedStateMachine):
         return [e for e in self.live if e[0].state is state]
 
     # ------------------------------------------------------------ rules
-    @rule(layout=st.sampled_from(LAYOUTS), rows=st.integers(0, 60), seed=st.integers(0, 2**16))
-    def allocate(self, layout, rows, seed):
-        row_shape, dtype = layout
-        need = pages_for(rows, row_shape, dtype, PAGE_BYTES)
+    @rule(data=st.data(), rows=st.integers(0, 60), seed=st.integers(0, 2**16))
+    def allocate(self, data, rows, seed):
+        row_shape, dtype = data.draw(st.sampled_from(self.layouts))
+        need = pages_for(rows, row_shape, dtype, self.page_bytes)
         free = self.pool.num_free_pages
         t = self.pool.allocate_tensor(rows, row_shape, dtype)
         if need > free:
@@ -198,9 +200,19 @@ class ThreadedPoolMachine(PoolMachine):
     mode = "thread"
 
 
+class TrimmedTailsMachine(PoolMachine):
+    """Pages big enough (16 KiB) that partly used last pages are copied trimmed."""
+
+    page_bytes = 16384
+    layouts = [((40,), torch.float64), ((9, 13), torch.bfloat16), ((), torch.float32),
+               ((1000,), torch.uint8)]
+
+
 SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = SETTINGS
 TestThreadedPoolMachine = ThreadedPoolMachine.TestCase
 TestThreadedPoolMachine.settings = SETTINGS
+TestTrimmedTailsMachine = TrimmedTailsMachine.TestCase
+TestTrimmedTailsMachine.settings = settings(SETTINGS, max_examples=80)
