@@ -33,8 +33,12 @@ class WanAdapter:
             if block.attn2.add_k_proj is not None:
                 raise TypeError(f"ditmem.patch: block {i} has image K/V projections (Wan I2V); "
                                 "only text-to-video Wan transformers are supported")
-        self.model = model
         self._original = dict(model.attn_processors)
+        if any(isinstance(p, (WanSelfAttention, WanCrossAttention))
+               for p in self._original.values()):
+            raise RuntimeError("ditmem.patch: the model is already patched; use its adapter "
+                               "(or unpatch() it first)")
+        self.model = model
         self._ours = {}
         for name in self._original:
             index = int(name.split(".")[1])
