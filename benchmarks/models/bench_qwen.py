@@ -1,0 +1,151 @@
+"""Qwen-Image packed step vs stock diffusers forwards, on CPU.
+
+Scenarios (each timed side by side in the same run, interleaved, median of repeats):
+
+* ``8 x 256^2``  — one ``forward_packed`` over 8 requests (256x256 images: 256 image tokens,
+  ~150 text tokens, different timesteps) vs 8 separate stock ``transformer(**kw)`` calls.
+  Throughput ratio = stock time / packed time; target >= 1.3.
+* ``mixed res``  — the same with 8 requests of different resolutions and text lengths.
+* ``single``     — one request: patched ``forward_packed([kw])`` and the patched model's
+  ordinary forward vs the stock forward. Overhead = patched / stock - 1; target <= 5 %.
+
+Models: ``tiny`` is the embedded tiny-qwen-image transformer (dim 64, 2 layers); ``small``
+is a bigger random-weight Qwen-Image transformer (dim 256, 4 layers), where compute
+matters more than per-op overhead.
+
+    .venv/bin/python benchmarks/models/bench_qwen.py [--quick] [--json PATH] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+import ditmem
+from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG, build_pipeline
+
+SMALL_CONFIG = dict(TRANSFORMER_CONFIG, num_layers=4, attention_head_dim=64,
+                    num_attention_heads=4, joint_attention_dim=64, axes_dims_rope=(16, 24, 24))
+
+
+def build_models(name: str):
+    """(stock transformer, patched copy, adapter)."""
+    if name == "tiny":
+        stock = build_pipeline().transformer
+    else:
+        from diffusers import QwenImageTransformer2DModel
+
+        from ditmem.models.qwen_tiny import _seeded
+
+        stock = _seeded(QwenImageTransformer2DModel(**SMALL_CONFIG), 5, std=0.05)
+    patched = copy.deepcopy(stock)
+    return stock, patched, ditmem.patch(patched)
+
+
+def make_kwargs(model, sizes, seed=0):
+    """sizes: list of (height px, width px, text tokens) -> batch-1 forward kwargs."""
+    g = torch.Generator().manual_seed(seed)
+    cin, dj = model.config.in_channels, model.config.joint_attention_dim
+    out = []
+    for i, (h, w, txt) in enumerate(sizes):
+        gh, gw = h // 16, w // 16
+        out.append(dict(
+            hidden_states=torch.randn(1, gh * gw, cin, generator=g),
+            encoder_hidden_states=torch.randn(1, txt, dj, generator=g),
+            encoder_hidden_states_mask=None,
+            timestep=torch.tensor([0.1 + 0.8 * i / max(1, len(sizes) - 1)]),
+            img_shapes=[[(1, gh, gw)]],
+        ))
+    return out
+
+
+def side_by_side(fns: dict, repeats: int) -> dict:
+    """Interleave the callables, ``repeats`` rounds after one warm-up; median seconds each."""
+    times = {k: [] for k in fns}
+    for k, f in fns.items():
+        f()
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def rel_err(outs, refs) -> float:
+    return max(((o - r).norm() / r.norm()).item() for o, r in zip(outs, refs, strict=True))
+
+
+def run(model_name: str, repeats: int) -> list[dict]:
+    stock, patched, adapter = build_models(model_name)
+    rows = []
+    scenarios = {
+        "8 x 256^2": [(256, 256, 150)] * 8,
+        "mixed res": [(128, 128, 40), (256, 256, 150), (192, 320, 90), (384, 128, 200),
+                      (256, 384, 60), (160, 160, 120), (320, 320, 30), (128, 256, 170)],
+    }
+    with torch.no_grad():
+        for name, sizes in scenarios.items():
+            kws = make_kwargs(stock, sizes)
+
+            def sep(kws=kws):
+                return [stock(**kw, return_dict=False)[0] for kw in kws]
+
+            def packed(kws=kws):
+                return adapter.forward_packed(kws)
+
+            t = side_by_side({"stock": sep, "packed": packed}, repeats)
+            rows.append(dict(model=model_name, scenario=name, requests=len(kws),
+                             baseline_s=t["stock"], ditmem_s=t["packed"],
+                             ratio=t["stock"] / t["packed"], target=">= 1.3 (throughput)",
+                             max_rel_err=rel_err(packed(), sep())))
+        (kw,) = make_kwargs(stock, [(256, 256, 150)])
+        t = side_by_side({
+            "stock": lambda: stock(**kw, return_dict=False),
+            "packed": lambda: adapter.forward_packed([kw]),
+            "plain": lambda: patched(**kw, return_dict=False),
+        }, repeats * 3)
+        for key, label in (("packed", "single, forward_packed"), ("plain", "single, patched fwd")):
+            rows.append(dict(model=model_name, scenario=label, requests=1,
+                             baseline_s=t["stock"], ditmem_s=t[key],
+                             ratio=t["stock"] / t[key], target="overhead <= 5 %",
+                             overhead_pct=100 * (t[key] / t["stock"] - 1)))
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model only, fewer repeats")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (5 if args.quick else 11)
+    rows = []
+    for model in ("tiny",) if args.quick else ("tiny", "small"):
+        rows += run(model, repeats)
+    print(f"threads={torch.get_num_threads()} repeats={repeats} ({platform.machine()}, CPU)")
+    print(f"{'model':6} {'scenario':24} {'n':>2} {'stock ms':>9} {'ditmem ms':>9} {'ratio':>6} "
+          f"{'note':>22}")
+    for r in rows:
+        note = (f"err {r['max_rel_err']:.1e}" if "max_rel_err" in r
+                else f"overhead {r['overhead_pct']:+.1f}%")
+        print(f"{r['model']:6} {r['scenario']:24} {r['requests']:>2} {1e3 * r['baseline_s']:9.2f} "
+              f"{1e3 * r['ditmem_s']:9.2f} {r['ratio']:6.2f} {note:>22}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows}, f,
+                      indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
