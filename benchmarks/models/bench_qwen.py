@@ -68,7 +68,7 @@ def make_kwargs(model, sizes, seed=0):
 def side_by_side(fns: dict, repeats: int) -> dict:
     """Interleave the callables, ``repeats`` rounds after one warm-up; median seconds each."""
     times = {k: [] for k in fns}
-    for k, f in fns.items():
+    for f in fns.values():
         f()
     for _ in range(repeats):
         for k, f in fns.items():
