@@ -19,36 +19,12 @@ The stages are separate so that a step can be split at block boundaries::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
-
-# BLAS (MKL sgemm) computes a row differently when a matrix has fewer than ~12 rows, so a
-# request's tokens would change bits depending on who shares the batch. Both packed streams
-# are padded with zero rows to at least MIN_ROWS rows; per-request conditioning runs one
-# row at a time (``per_row``) for the same reason.
-MIN_ROWS = 16
+from ditmem.models.qwen_blocks import PackedBatch, pad_to_min, per_row, run_block, segment_ids
 
 UNSUPPORTED_KWARGS = ("guidance", "controlnet_block_samples", "additional_t_cond")
-
-
-@dataclass(slots=True)
-class PackedBatch:
-    """Packed activations between stages. img: [T_img, dim]; txt: [T_txt, dim];
-    temb: [B, dim] (one row per request); img_seg / txt_seg: int64 segment id per row;
-    img_lens: image tokens per request; joint: the attention layout; blocks_done: how many
-    transformer blocks have run."""
-
-    img: torch.Tensor
-    txt: torch.Tensor
-    temb: torch.Tensor
-    img_seg: torch.Tensor
-    txt_seg: torch.Tensor
-    img_lens: list[int]
-    joint: PackedJoint
-    blocks_done: int = 0
 
 
 def _check_kwargs(i: int, kw: dict) -> None:
@@ -81,52 +57,13 @@ def _check_kwargs(i: int, kw: dict) -> None:
         raise ValueError(f"forward_packed: request {i} needs img_shapes")
 
 
-def per_row(fn, x: torch.Tensor) -> torch.Tensor:
-    """Apply ``fn`` to each row of ``x [B, ...]`` separately and stack: per-request
-    conditioning (timestep embedding, modulation) then does not depend on which other
-    requests share the batch (BLAS picks different kernels for different small M)."""
-    return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
-
-
-def _pad_to_min(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] >= MIN_ROWS:
-        return x
-    return torch.cat([x, x.new_zeros(MIN_ROWS - x.shape[0], *x.shape[1:])])
-
-
-def _segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:
-    """Segment id of every row; padding rows borrow segment 0 (their values are unused)."""
-    ids = torch.repeat_interleave(seg, torch.tensor(lens, device=seg.device))
-    return torch.cat([ids, ids.new_zeros(rows - ids.shape[0])])
-
-
-def _modulate(x, params, seg):
-    """x [T, dim]; params [B, 3*dim] (shift, scale, gate); seg [T] -> (x', gate [T, dim])."""
-    shift, scale, gate = params.chunk(3, dim=-1)
-    return x * (1 + scale[seg]) + shift[seg], gate[seg]
-
-
-def run_block(block, batch: PackedBatch) -> None:
-    """One ``QwenImageTransformerBlock`` on packed rows, with per-token modulation."""
-    img_mod1, img_mod2 = per_row(block.img_mod, batch.temb).chunk(2, dim=-1)
-    txt_mod1, txt_mod2 = per_row(block.txt_mod, batch.temb).chunk(2, dim=-1)
-    img, txt = batch.img, batch.txt
-    img_in, img_gate1 = _modulate(block.img_norm1(img), img_mod1, batch.img_seg)
-    txt_in, txt_gate1 = _modulate(block.txt_norm1(txt), txt_mod1, batch.txt_seg)
-    img_attn, txt_attn = block.attn(
-        hidden_states=img_in, encoder_hidden_states=txt_in, packed=batch.joint
-    )
-    img = img + img_gate1 * img_attn
-    txt = txt + txt_gate1 * txt_attn
-    img_in2, img_gate2 = _modulate(block.img_norm2(img), img_mod2, batch.img_seg)
-    img = img + img_gate2 * block.img_mlp(img_in2)
-    txt_in2, txt_gate2 = _modulate(block.txt_norm2(txt), txt_mod2, batch.txt_seg)
-    txt = txt + txt_gate2 * block.txt_mlp(txt_in2)
-    if txt.dtype == torch.float16:
-        txt = txt.clip(-65504, 65504)
-    if img.dtype == torch.float16:
-        img = img.clip(-65504, 65504)
-    batch.img, batch.txt = img, txt
+def _check_boundary(boundary, img_lens: list[int], txt_lens: list[int]) -> None:
+    for i, (b, n_img, n_txt) in enumerate(zip(boundary, img_lens, txt_lens, strict=True)):
+        if b[0].shape[0] != n_img or b[1].shape[0] != n_txt:
+            raise ValueError(
+                f"prepare: boundary[{i}] has {b[0].shape[0]} image / {b[1].shape[0]} text rows, "
+                f"request needs {n_img} / {n_txt}"
+            )
 
 
 class QwenAdapter:
@@ -168,11 +105,27 @@ class QwenAdapter:
             raise RuntimeError("QwenAdapter: the model has been unpatched")
 
     @torch.no_grad()
-    def prepare(self, kwargs_list: list[dict]) -> PackedBatch:
-        """Embed inputs of batch-1 requests into a :class:`PackedBatch` (no blocks run)."""
+    def prepare(
+        self, kwargs_list: list[dict], boundary=None, start_block: int = 0
+    ) -> PackedBatch:
+        """Embed inputs of batch-1 requests into a :class:`PackedBatch` (no blocks run).
+
+        To resume inside a step, pass ``boundary`` (per request, the ``(img, txt)`` rows
+        that :meth:`PackedBatch.boundary` returned after ``start_block`` blocks) and
+        ``start_block``; the kwargs still give shapes, masks, RoPE and timesteps.
+        """
         self._require_patched()
         if not kwargs_list:
             raise ValueError("forward_packed: kwargs_list is empty")
+        if boundary is not None and len(boundary) != len(kwargs_list):
+            raise ValueError(
+                f"prepare: boundary has {len(boundary)} entries for {len(kwargs_list)} requests"
+            )
+        if not 0 <= start_block <= self.num_blocks or (start_block > 0) != (boundary is not None):
+            raise ValueError(
+                f"prepare: start_block={start_block} needs boundary activations iff > 0 "
+                f"(num_blocks={self.num_blocks})"
+            )
         m = self.model
         hs, txts, steps, img_lens, txt_lens, img_f, txt_f = [], [], [], [], [], [], []
         for i, kw in enumerate(kwargs_list):
@@ -192,8 +145,13 @@ class QwenAdapter:
             txt_lens.append(ehs.shape[0])
             img_f.append(freqs_img)
             txt_f.append(freqs_txt)
-        img = m.img_in(_pad_to_min(torch.cat(hs)))
-        txt = m.txt_in(m.txt_norm(_pad_to_min(torch.cat(txts))))
+        if boundary is None:
+            img = m.img_in(pad_to_min(torch.cat(hs)))
+            txt = m.txt_in(m.txt_norm(pad_to_min(torch.cat(txts))))
+        else:
+            _check_boundary(boundary, img_lens, txt_lens)
+            img = pad_to_min(torch.cat([b[0] for b in boundary]))
+            txt = pad_to_min(torch.cat([b[1] for b in boundary]))
         timestep = torch.cat(steps).to(img.dtype)
         temb = per_row(lambda t: m.time_text_embed(t, img), timestep)
         device = img.device
@@ -205,10 +163,12 @@ class QwenAdapter:
             img=img,
             txt=txt,
             temb=temb,
-            img_seg=_segment_ids(seg, img_lens, img.shape[0]),
-            txt_seg=_segment_ids(seg, txt_lens, txt.shape[0]),
+            img_seg=segment_ids(seg, img_lens, img.shape[0]),
+            txt_seg=segment_ids(seg, txt_lens, txt.shape[0]),
             img_lens=img_lens,
+            txt_lens=txt_lens,
             joint=joint,
+            blocks_done=start_block,
         )
 
     @torch.no_grad()
