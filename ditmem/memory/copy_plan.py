@@ -3,7 +3,9 @@
 A tensor's pages are full except maybe the last one. With ``trim`` the used part of each
 last page is copied through a narrower view of the arenas (``arena[:, :nbytes]``), with
 ``nbytes`` rounded up to a power of two (at least ``MIN_TRIM_BYTES``) so that one call
-covers many tails; without it every page is copied whole (one call).
+covers many tails; without it every page is copied whole (one call). Each extra call has a
+fixed cost (the op validates its inputs and dispatches), so a size class is folded into the
+next larger one when keeping it apart would save fewer than ``min_saving`` bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 
 MIN_TRIM_BYTES = 4096
+MIN_SAVING_BYTES = 512 << 10  # ~ the bytes one copy_blocks call's fixed cost would move
 
 
 def size_class(nbytes: int, page_bytes: int) -> int:
@@ -28,8 +31,9 @@ def last_page_bytes(tensor) -> int:
 
 
 def plan_copies(tensors, src: list[list[int]], dst: list[list[int]], page_bytes: int,
-                trim: bool) -> list[tuple[int, torch.Tensor]]:
-    """``[(bytes per page, mapping int64 [N, 2] of (src page, dst page))]``, one per call."""
+                trim: bool, min_saving: int = MIN_SAVING_BYTES) -> list[tuple[int, torch.Tensor]]:
+    """``[(bytes per page, mapping int64 [N, 2] of (src page, dst page))]``, one per call,
+    largest first."""
     groups: dict[int, tuple[list[int], list[int]]] = {}
     for t, s, d in zip(tensors, src, dst, strict=True):
         if not s:
@@ -46,8 +50,20 @@ def plan_copies(tensors, src: list[list[int]], dst: list[list[int]], page_bytes:
             g = groups.setdefault(page_bytes, ([], []))
             g[0].extend(s[:n_full])
             g[1].extend(d[:n_full])
+    _fold_small_classes(groups, min_saving)
     return [(nbytes, torch.tensor([gs, gd], dtype=torch.int64).t().contiguous())
             for nbytes, (gs, gd) in sorted(groups.items(), reverse=True)]
+
+
+def _fold_small_classes(groups: dict[int, tuple[list[int], list[int]]], min_saving: int):
+    """Merge each class into the next larger one when it saves < ``min_saving`` bytes."""
+    sizes = sorted(groups)
+    for small, big in zip(sizes, sizes[1:], strict=False):
+        pages = groups[small][0]
+        if len(pages) * (big - small) < min_saving:
+            gs, gd = groups.pop(small)
+            groups[big][0].extend(gs)
+            groups[big][1].extend(gd)
 
 
 def run_copies(copy_blocks, src_arena: torch.Tensor, dst_arena: torch.Tensor,

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ditmem.memory.copiers import make_copier
-from ditmem.memory.copy_plan import plan_copies, run_copies
+from ditmem.memory.copy_plan import MIN_SAVING_BYTES, plan_copies, run_copies
 from ditmem.memory.errors import TransferError
 from ditmem.memory.host_pool import HostPool
 from ditmem.memory.page_pool import PagePool
@@ -52,11 +52,13 @@ class OffloadEngine:
     ``trim_tails`` copies only the used part of each tensor's last page (see
     ``copy_plan``); ``None`` means on for a CPU pool and off otherwise, because a host<->GPU
     copy of several narrowed pages at once is strided, which torch stages through a
-    temporary buffer synchronously.
+    temporary buffer synchronously. ``min_trim_saving``: bytes a separately copied tail
+    class must save to be worth one more ``copy_blocks`` call.
     """
 
     def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
-                 trim_tails: bool | None = None) -> None:
+                 trim_tails: bool | None = None,
+                 min_trim_saving: int = MIN_SAVING_BYTES) -> None:
         if pool.page_bytes != host.page_bytes:
             raise ValueError(f"host: page_bytes {host.page_bytes} differs from the pool's "
                              f"{pool.page_bytes}")
@@ -67,6 +69,7 @@ class OffloadEngine:
         self._copier = make_copier(mode, pool.device)
         self.mode = self._copier.name
         self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
+        self.min_trim_saving = min_trim_saving
         self._ids = itertools.count(1)
         self._in_flight: dict[int, TransferHandle] = {}
 
@@ -91,8 +94,8 @@ class OffloadEngine:
         """Wait for an offload; free its device pages; its tensors become ``ON_HOST``."""
         self._expect(handle, "offload")
         self._wait(handle, self._copier.wait_host)
-        for t, s, d in zip(handle.tensors, handle.src_pages, handle.dst_pages, strict=True):
-            self.pool.free(s)
+        self.pool.free([p for pages in handle.src_pages for p in pages])
+        for t, d in zip(handle.tensors, handle.dst_pages, strict=True):
             t._land_on_host(self.host, d)
         self._close(handle, "finished")
 
@@ -117,8 +120,8 @@ class OffloadEngine:
         pages are freed; its tensors become ``ON_DEVICE`` in the new pages."""
         self._expect(handle, "restore")
         self._wait(handle, self._copier.wait_device)
-        for t, s, d in zip(handle.tensors, handle.src_pages, handle.dst_pages, strict=True):
-            self.host.free(s)
+        self.host.free([p for pages in handle.src_pages for p in pages])
+        for t, d in zip(handle.tensors, handle.dst_pages, strict=True):
             t._land_on_device(d)
         self._close(handle, "finished")
 
@@ -176,7 +179,8 @@ class OffloadEngine:
         return tensors
 
     def _launch(self, kind, tensors, src, dst, src_arena, dst_arena, state, release):
-        plan = plan_copies(tensors, src, dst, self.pool.page_bytes, self.trim_tails)
+        plan = plan_copies(tensors, src, dst, self.pool.page_bytes, self.trim_tails,
+                           self.min_trim_saving)
         handle = TransferHandle(kind, tensors, src, dst, id=next(self._ids), engine=self)
         try:
             if plan:

@@ -82,6 +82,9 @@ class PagedTensor:
     def page_table(self) -> torch.Tensor:
         """int32 ``[num_pages]`` on the pool's device; only valid while on the device."""
         self._check_state(TensorState.ON_DEVICE, "page_table")
+        if self._page_table is None:  # built on first use: moves do not pay for it
+            self._page_table = torch.tensor(self._pages, dtype=torch.int32,
+                                            device=self.pool.device)
         return self._page_table
 
     def kernel_view(self) -> torch.Tensor:
@@ -110,7 +113,7 @@ class PagedTensor:
             raise ValueError(f"offset: rows {offset}..{offset + n} of x {tuple(x.shape)} do not "
                              f"fit in {self.rows} rows")
         if n:
-            _write_rows(self.kernel_view(), self._pages, self._page_table,
+            _write_rows(self.kernel_view(), self._pages, self.page_table,
                         x.to(self.pool.device), offset, self.rows_per_page)
 
     def read(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
@@ -125,7 +128,7 @@ class PagedTensor:
                 <= self.rows):
             raise ValueError(f"start/stop: {start}..{stop} is not a row range of {self.rows} rows")
         if self._state is TensorState.ON_DEVICE:
-            view, table = self.kernel_view(), self._page_table
+            view, table = self.kernel_view(), self.page_table
         elif self._state is TensorState.ON_HOST:
             view = self._host.view(self.dtype, self.row_shape)
             table = torch.tensor(self._host_pages, dtype=torch.int64)
@@ -153,7 +156,7 @@ class PagedTensor:
     # ------------------------------------------- transitions (used by OffloadEngine)
     def _set_device_pages(self, pages: list[int]) -> None:
         self._pages = pages
-        self._page_table = torch.tensor(pages, dtype=torch.int32, device=self.pool.device)
+        self._page_table = None
 
     def _begin(self, state: TensorState) -> None:
         self._state = state

@@ -142,12 +142,15 @@ def test_copy_plan_trims_last_pages_by_size_class():
     b = pool.allocate_tensor(10, (5,), torch.int64)  # 400 bytes in one page
     src = [a.pages, b.pages]
     dst = [[7, 8, 9], [3]]
-    plan = dict(plan_copies([a, b], src, dst, page, trim=True))
+    plan = dict(plan_copies([a, b], src, dst, page, trim=True, min_saving=0))
     assert sorted(plan) == [MIN_TRIM_BYTES, page]
     assert plan[page].tolist() == [[a.pages[0], 7], [a.pages[1], 8], [a.pages[2], 9]]
     assert plan[MIN_TRIM_BYTES].tolist() == [[b.pages[0], 3]]
     whole = plan_copies([a, b], src, dst, page, trim=False)
     assert [n for n, _ in whole] == [page] and whole[0][1].shape == (4, 2)
+    # saving 60 KiB < 64 KiB: the 4 KiB class folds into the page class (one call)
+    folded = plan_copies([a, b], src, dst, page, trim=True, min_saving=64 << 10)
+    assert [n for n, _ in folded] == [page] and folded[0][1].shape == (4, 2)
 
 
 @pytest.mark.parametrize("trim", [True, False])
@@ -155,7 +158,7 @@ def test_trimmed_roundtrip_is_exact_and_skips_unused_bytes(trim):
     page = 1 << 15
     pool = PagePool(num_pages=8, page_bytes=page)
     host = HostPool(num_pages=8, page_bytes=page)
-    eng = OffloadEngine(pool, host, trim_tails=trim)
+    eng = OffloadEngine(pool, host, trim_tails=trim, min_trim_saving=0)
     t = pool.allocate_tensor(page // 4 + 10, (), torch.float32)  # 2 pages, 40 B in the 2nd
     x = torch.randn(page // 4 + 10)
     t.write(x)
