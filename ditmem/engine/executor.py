@@ -100,6 +100,7 @@ class PlanExecutor:
             self.finish(job, error=RequestFailed(f"{job.id}: offload failed: {exc!r}"))
             return 0.0
         job.status.location = Location.HOST
+        job.timing.offloads += 1
         return self.engine.clock() - t0
 
     def _restore(self, job: Job, report: StepReport) -> None:

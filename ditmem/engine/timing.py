@@ -24,6 +24,7 @@ class Timing:
     offload_s: float = 0.0
     steps_run: int = 0
     preemptions: int = 0
+    offloads: int = 0
 
     @property
     def queued_s(self) -> float:
@@ -56,4 +57,5 @@ class Timing:
             "latency_ms": ms(self.latency_s),
             "steps": self.steps_run,
             "preemptions": self.preemptions,
+            "offloads": self.offloads,
         }

@@ -1,0 +1,148 @@
+"""``ditmem profile``: measure a device profile for the cost model on this machine.
+
+Writes the scheduler's version-1 profile JSON (``ditmem/scheduler/profiles.py``) with a
+measured step table: median seconds of one packed step for each (tokens, batch) point, the
+encode time, a decode rate, state bytes from the generator's own page accounting, and the
+host-link copy rate. Every number's ``source`` says how it was measured.
+
+The profile format has no fixed decode cost, only a per-megapixel rate; the tiny VAE has a
+large fixed part, so the fixed part is folded into ``encode_s`` (both happen once per
+request) and the slope into ``decode_s_per_megapixel`` — standalone times stay exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen-image")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--name", default="cpu-tiny")
+    p.add_argument("--sides", default="64,128,256",
+                   help="square image sides to time (pixels, multiples of 16)")
+    p.add_argument("--batches", default="1,2,4", help="batch sizes to time")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per point (median)")
+    p.add_argument("--pool-mb", type=float, default=64.0,
+                   help="engine pool the profile describes (device_bytes = weights + "
+                        "workspace + pool)")
+    p.add_argument("--page-kb", type=int, default=64)
+    p.add_argument("--max-batch", type=int, default=4)
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _fit_line(xs, ys):
+    """Least squares y = a + b x with a, b >= 0."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx) if sxx else 0
+    return max(0.0, my - b * mx), b
+
+
+def measure(gen, sides, batches, repeats, pool, log=print) -> dict:
+    """Raw measurements: step points, encode, decode per side, state bytes per side."""
+    from ditmem.engine.replay import PROMPTS
+    from ditmem.models.request import GenerationRequest
+
+    steps, encodes, decodes, state_bytes = [], [], {}, {}
+    for side in sides:
+        reqs = [GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
+                                  num_inference_steps=1000, seed=i, request_id=f"p{side}-{i}")
+                for i in range(max(batches))]
+        state_bytes[side] = statistics.mean(4 * gen.estimate_pages(r, 4) for r in reqs)
+        states = []
+        for r in reqs:
+            t0 = time.perf_counter()
+            states.append(gen.encode(r, pool))
+            encodes.append(time.perf_counter() - t0)
+        for b in batches:
+            batch = states[:b]
+            gen.step(batch)  # warm-up
+            secs = _median_time(lambda batch=batch: gen.step(batch), repeats)
+            steps.append({"tokens": (side // 16) ** 2, "batch": b, "seconds": secs})
+            log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
+        for s in states[1:]:
+            gen.release(s)
+        s = states[0]
+        s.scalars["step"] = len(s.scalars["timesteps"])  # decode what is there
+        decodes[side] = _median_time(lambda s=s: gen.decode(s), max(1, repeats - 1))
+        log(f"  decode {side}x{side}: {1000 * decodes[side]:.1f} ms")
+        gen.release(s)
+    return {"steps": steps, "encode_s": statistics.median(encodes[1:] or encodes),
+            "decode_s": decodes, "state_bytes": state_bytes}
+
+
+def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
+    """Bytes/s of a page-arena copy (what offload does on a CPU 'device')."""
+    import torch
+
+    src = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    return pool_bytes / _median_time(lambda: dst.copy_(src), 5)
+
+
+def build_profile(m: dict, args, weights_bytes: int, link: float) -> dict:
+    """The version-1 profile dict for the scheduler key ``qwen-image``."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    src = f"measured by `ditmem profile --model {args.model}` on this machine, {when}"
+    n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
+    sides = sorted(m["decode_s"])
+    mpix = [s * s / 1e6 for s in sides]
+    fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
+    tokens = [(s // 16) ** 2 for s in sides]
+    per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in sides])
+    workspace = 64 * 2**20
+    pool = int(args.pool_mb * 2**20)
+    return {
+        "format": 1, "name": args.name,
+        "description": f"{args.model} measured on this machine by `ditmem profile` ({when}).",
+        "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
+        "host_bytes": n(4 * pool, "engine default host pool: 4x the device pool"),
+        "host_link_bytes_per_s": n(link, "median of 5 copies of a 64 MiB arena"),
+        "models": {"qwen-image": {
+            "weights_bytes": n(weights_bytes, "sum of parameter bytes of all components"),
+            "workspace_bytes": n(workspace, "reserve for step activations (not measured)"),
+            "state_bytes_per_token": n(per_tok, "fit of the generator's page accounting"),
+            "state_bytes_per_request": n(per_req, "fit of the generator's page accounting"),
+            "encode_s": n(m["encode_s"] + fixed,
+                          f"median encode {m['encode_s']:.4f} s + fixed part of decode "
+                          f"{fixed:.4f} s (line fit of decode vs megapixels)"),
+            "decode_s_per_megapixel": n(per_mp, "slope of decode time vs megapixels"),
+            "max_batch": n(args.max_batch, "engine packed-step limit"),
+            "step": {"kind": "table", "points": n(m["steps"], "median of --repeats steps")},
+        }},
+    }
+
+
+def main(args) -> int:
+    from ditmem import models
+    from ditmem.memory import PagePool
+
+    gen = models.load(args.model)
+    sides = [int(s) for s in args.sides.split(",")]
+    batches = sorted({int(b) for b in args.batches.split(",")})
+    pool = PagePool(max(16, int(8 * 2**30) // (args.page_kb * 1024)), args.page_kb * 1024)
+    print(f"profiling {args.model}: sides {sides}, batches {batches}")
+    m = measure(gen, sides, batches, args.repeats, pool)
+    weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
+                  if hasattr(c, "parameters") for p in c.parameters())
+    profile = build_profile(m, args, weights, host_link_rate())
+    from ditmem.scheduler.profiles import parse_profile
+
+    parse_profile(profile, args.out)  # refuse to write what the loader would reject
+    with open(args.out, "w") as f:
+        json.dump(profile, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
