@@ -69,3 +69,53 @@ def _best_disjoint(windows: list[tuple[float, float, int]]) -> int:
         prev = bisect.bisect_right(ends, t1, 0, k)
         best[k + 1] = max(best[k], best[prev] + w)
     return best[-1]
+
+
+def clairvoyant_misses(requests: Sequence[Request], cost: CostModel) -> int:
+    """Misses of an offline schedule that knows every arrival in advance (a reference point
+    between the online policies and ``min_misses``; not optimal).
+
+    Preemptive earliest-deadline-first on one device over standalone (batch-1) times; when a
+    request would miss, the largest-work request of that busy period due no later than it is
+    set aside (it runs in leftover time and counts as a miss), and the schedule is redone.
+    """
+    jobs = sorted(
+        ((r.arrival, r.deadline, r.standalone_s, i) for i, r in enumerate(requests)),
+        key=lambda j: (j[0], j[1]),
+    )
+    removed: set[int] = set()
+    while True:
+        miss = _edf_first_miss([j for j in jobs if j[3] not in removed])
+        if miss is None:
+            return len(removed)
+        busy_start, due = miss
+        pool = [j for j in jobs if j[3] not in removed and j[0] >= busy_start and j[1] <= due]
+        removed.add(max(pool, key=lambda j: (j[2], j[0]))[3])
+
+
+def _edf_first_miss(jobs: list[tuple[float, float, float, int]]) -> tuple[float, float] | None:
+    """Run preemptive EDF; return (start of the busy period, deadline) of the first miss."""
+    import heapq
+
+    heap: list[tuple[float, float, int]] = []
+    now, k, busy_start = 0.0, 0, 0.0
+    rem: dict[int, float] = {}
+    while k < len(jobs) or heap:
+        if not heap:
+            now = max(now, jobs[k][0])
+            busy_start = now
+        while k < len(jobs) and jobs[k][0] <= now:
+            a, d, p, i = jobs[k]
+            rem[i] = p
+            heapq.heappush(heap, (d, a, i))
+            k += 1
+        d, a, i = heap[0]
+        next_arrival = jobs[k][0] if k < len(jobs) else float("inf")
+        run = min(rem[i], next_arrival - now)
+        now += run
+        rem[i] -= run
+        if rem[i] <= 1e-12:
+            heapq.heappop(heap)
+            if now > d + 1e-9:
+                return busy_start, d
+    return None

@@ -96,6 +96,12 @@ class WaitingQueue:
         for key in keys:
             yield self._requests[key[2]]
 
+    def arrived_after(self, t: float) -> list[Request]:
+        """Waiting requests that arrived strictly after ``t``, oldest first."""
+        order = self._orders["arrival"]
+        start = bisect.bisect_right(order, (t, float("inf"), ""))
+        return [self._requests[key[2]] for key in order[start:]]
+
     def first(self, order: str) -> Request | None:
         """The first waiting request in ``order``, or None when the queue is empty."""
         entries = self._orders.get(order)

@@ -53,9 +53,21 @@ class Policy:
         return plan
 
 
-def make_room(cost: CostModel, view: SchedulerView, members: list, plan: StepPlan) -> bool:
+def _latest_deadline_first(status: RequestStatus) -> tuple:
+    return (-(status.request.deadline or 0.0), status.request.priority)
+
+
+def make_room(
+    cost: CostModel,
+    view: SchedulerView,
+    members: list,
+    plan: StepPlan,
+    victim_order=_latest_deadline_first,
+) -> bool:
     """Add ``members`` (RequestStatus or waiting Request) to ``plan.batch``, with the admits,
-    restores and offloads that need. Returns False (plan unchanged) when they cannot fit."""
+    restores and offloads that need; paused device-resident requests are offloaded in
+    ``victim_order`` (a sort key) until the pages fit. Returns False, leaving the plan
+    unchanged, when they cannot fit (device and host full)."""
     page_bytes = view.memory.page_bytes
     need = 0
     admits, restores = [], []

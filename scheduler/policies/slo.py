@@ -1,29 +1,31 @@
 """``slo``: the policy we ship — deadline/slack- and priority-aware, batching- and memory-aware.
 
-Each iteration, over the started requests and the first few waiting ones (by deadline and
-by this policy's own order — never a scan of the whole queue):
+Each iteration, over the started requests and the first ``window`` waiting ones by deadline
+(never a scan of the whole queue):
 
-1. **Feasibility.** On-time requests sorted by deadline, with their predicted remaining
-   work summed in that order, give each one a *slack*: how long the device could do
-   something else and still finish everything up to it in time (with a ``headroom``
-   fraction of the time reserved for requests that have not arrived yet). A request that
-   cannot make its deadline even alone, or whose deadline prefix cannot be met (then the
-   one with the most remaining work per priority weight is given up, as in Moore–Hodgson),
-   becomes *late*: it still runs to completion, in the device's spare time.
-2. **Choice.** Among on-time requests, the one with the smallest *urgency key*
-   ``arrival + beta · remaining / weight`` runs, provided every request with an earlier
-   deadline keeps enough slack to absorb the step; otherwise the earliest deadline runs.
-   Small beta favours old (large) requests that the deadline test lets go first, using
-   the small requests' slack; the weights 3:2:1 favour higher priorities.
-3. **Batching.** Compatible requests (same model) join the step while the cost model says
-   it pays (the batch's step time grows by less than ``1 - min_gain`` of the joiner's own
-   step) and the longer step still fits every other request's slack.
-4. **Memory.** A waiting request is admitted only if its pages fit; otherwise paused
-   requests with the latest deadlines are offloaded to the host (their transfer time is
-   part of the iteration), and restored when chosen again.
-5. **No starvation.** A late request that has waited ``aging`` × its own SLO window past its
-   deadline runs before anything else; late requests otherwise run when nothing on time
-   is runnable, shortest remaining first.
+1. **Give up what cannot make it, early and cheaply.** On-time requests are taken in
+   deadline order and their remaining work summed; where the sum exceeds the device time
+   left before a deadline — minus the work that future arrivals are expected to slot in
+   first (``forecast``, learned online from recent arrivals) — the request with the most
+   remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
+   weighted 3:2:1). So is a request that cannot finish in time even alone. Late requests
+   are never dropped: they run, shortest first, whenever nothing on time is runnable.
+2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
+   requests, whose deadlines are far, are deferred while they still have slack, and small
+   ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
+   priority-0 work alone would leave less than that fraction of its time spare.
+   (``beta`` switches to an SRPT-like key ``arrival + beta·remaining·2/weight`` under a
+   slack guard; kept for comparison, EDF does better — docs/results/scheduler.md.)
+3. **Batch when it pays.** Requests of the same model join the step while the cost model
+   says the step grows by less than ``1 - min_gain`` of the joiner's own step time, and
+   each on-time member still meets its deadline running all its remaining steps at the
+   batch's step time, and everyone else keeps enough slack for the longer step.
+4. **Memory.** A request starts only if its pages fit; otherwise paused requests are moved
+   to the host (late ones first, then latest deadline) — the transfer time is part of the
+   iteration — and brought back when they run again.
+5. **No starvation.** A late request that has waited ``aging`` × its SLO window past its
+   deadline runs as soon as on-time requests can absorb its step, and unconditionally after
+   twice that.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ..plan import SchedulerView, StepPlan
+from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
 from .base import Policy, make_room
+from .forecast import ArrivalForecast
+
+INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -43,13 +48,13 @@ class _Cand:
     rem: float
     tau: float
     tokens: int
-    slack: float = 0.0
-    guard: float = 0.0
+    slack: float = INF
+    guard: float = INF
     late: bool = False
 
 
 class SloPolicy(Policy):
-    """See the module docstring. Parameters are fractions and seconds-free factors."""
+    """See the module docstring; every option is a dimensionless factor or a count."""
 
     name = "slo"
 
@@ -57,127 +62,157 @@ class SloPolicy(Policy):
         self,
         cost,
         *,
-        beta: float | None = 1.0,
-        headroom: float = 0.25,
+        forecast: bool = True,
+        give_up_power: float = 2.0,
+        protect: float = 0.0,
+        beta: float | None = None,
+        headroom: float = 0.0,
         min_gain: float = 0.1,
         aging: float = 10.0,
         window: int = 32,
         batching: bool = True,
-        give_up_headroom: float = 0.0,
-        sticky: bool = False,
     ):
         super().__init__(cost)
+        self.forecast = ArrivalForecast() if forecast else None
+        self.give_up_power = give_up_power
+        self.protect = protect
         self.beta = beta
         self.headroom = headroom
         self.min_gain = min_gain
         self.aging = aging
         self.window = window
         self.batching = batching
-        self.give_up_headroom = give_up_headroom
-        self.sticky = sticky
-        self._given_up: set[str] = set()
-        self._order = f"slo-key:{beta}"
+        self._static: dict[str, tuple[int, float, float, float]] = {}
 
-    def _key(self, req: Request, rem: float) -> float:
+    # ---- per-request numbers -----------------------------------------------------------
+    def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> _Cand:
+        static = self._static.get(req.id)
+        if static is None:
+            tokens = self.cost.tokens(req)
+            base = self.cost.step_time(req.model, [tokens]) / self.cost.correction(req.model)
+            static = (tokens, base, self.cost.encode_time(req), self.cost.decode_time(req))
+            self._static[req.id] = static
+        tokens, base, enc, dec = static
+        tau = base * self.cost.correction(req.model)
+        rem = (req.steps - steps_done) * tau + dec + (enc if steps_done == 0 else 0.0)
+        return _Cand(item, req, rem, tau, tokens)
+
+    def _key(self, c: _Cand) -> float:
         if self.beta is None:
-            return req.deadline
-        return req.arrival + self.beta * rem * 2.0 / req.weight
+            return c.req.deadline
+        return c.req.arrival + self.beta * c.rem * 2.0 / c.req.weight
 
     def _candidates(self, view: SchedulerView) -> list[_Cand]:
-        cost = self.cost
-        out: list[_Cand] = []
-        for s in view.active:
-            r = s.request
-            tokens = cost.tokens(r)
-            tau = cost.step_time(r.model, [tokens])
-            out.append(_Cand(s, r, cost.remaining_time(r, s.steps_done), tau, tokens))
-        waiting = view.waiting
-        waiting.ensure_order(self._order, lambda r: self._key(r, r.standalone_s))
-        seen: set[str] = set()
-        for order in ("deadline", self._order):
-            for r in waiting.iter_by(order, self.window):
-                if r.id in seen:
-                    continue
-                seen.add(r.id)
-                tokens = cost.tokens(r)
-                tau = cost.step_time(r.model, [tokens])
-                out.append(_Cand(r, r, cost.remaining_time(r, 0), tau, tokens))
+        if self.forecast is not None:
+            self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
+        out = [self._cand(s, s.request, s.steps_done) for s in view.active]
+        for r in view.waiting.iter_by("deadline", self.window):
+            out.append(self._cand(r, r, 0))
         return out
 
+    def _capacity(self, delta: float, now: float, priority: int) -> float:
+        """Device seconds left to present work within ``delta`` seconds for a request of
+        ``priority``: future arrivals that could outrank it are expected to take their share."""
+        cap = delta * (1.0 - self.headroom)
+        if self.forecast is not None:
+            outrank = priority if self.give_up_power > 0 else 2
+            cap -= self.forecast.work_before(delta, now, outrank)
+        return cap
+
+    # ---- the decision ------------------------------------------------------------------
     def _classify(self, now: float, cands: list[_Cand]) -> list[_Cand]:
-        """Mark late requests; return the on-time ones by deadline with slack and guard set."""
+        """Mark late requests; return the on-time ones by deadline, slack and guard set."""
         ontime = []
         for c in cands:
-            c.late = now + c.rem > c.req.deadline or c.req.id in self._given_up
+            c.late = now + c.rem > c.req.deadline
             if not c.late:
                 ontime.append(c)
         ontime.sort(key=lambda c: (c.req.deadline, c.req.arrival))
-        # Moore–Hodgson: drop the largest remaining work per weight from an infeasible prefix.
-        kept, heap, work = [], [], 0.0
-        for c in ontime:
+        heap: list[tuple[float, int, _Cand]] = []
+        work = 0.0
+        for n, c in enumerate(ontime):
             work += c.rem
-            heapq.heappush(heap, (-c.rem / c.req.weight, id(c), c))
-            kept.append(c)
-            while work > (c.req.deadline - now) * (1.0 - self.give_up_headroom) and heap:
-                _, _, victim = heapq.heappop(heap)
+            heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
+            while heap and work > self._capacity(c.req.deadline - now, now, c.req.priority):
+                victim = heapq.heappop(heap)[2]
                 victim.late = True
                 work -= victim.rem
-                if self.sticky:
-                    self._given_up.add(victim.req.id)
-        ontime = [c for c in kept if not c.late]
-        work, guard = 0.0, float("inf")
+        ontime = [c for c in ontime if not c.late]
+        work, guard = 0.0, INF
         for c in ontime:
             c.guard = guard
             work += c.rem
-            c.slack = (c.req.deadline - now) * (1.0 - self.headroom) - work
+            c.slack = self._capacity(c.req.deadline - now, now, c.req.priority) - work
             guard = min(guard, c.slack)
         return ontime
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         cands = self._candidates(view)
-        if not cands:
-            return self.with_pause(StepPlan(), view)
-        ontime = self._classify(now, cands)
+        ontime = self._classify(now, cands) if cands else []
         late = [c for c in cands if c.late]
-        head = self._starving(now, late, ontime)
-        if head is None and ontime:
-            if self.beta is None:
-                head = ontime[0]
-            else:
-                best = min(ontime, key=lambda c: self._key(c.req, c.rem))
-                head = best if best.guard >= best.tau else ontime[0]
-        if head is None:
-            head = min(late, key=lambda c: (c.rem / c.req.weight, c.req.arrival))
         plan = StepPlan()
-        if not make_room(self.cost, view, [head.item], plan):
-            return self.with_pause(plan, view)
-        if self.batching:
-            self._fill_batch(view, plan, head, ontime, late)
+        for head in self._preference(now, ontime, late):
+            if make_room(self.cost, view, [head.item], plan, victim_order=self._victim_order):
+                if self.batching:
+                    self._fill_batch(view, plan, head, ontime, late)
+                break
         return self.with_pause(plan, view)
 
+    def _preference(self, now: float, ontime: list[_Cand], late: list[_Cand]):
+        """Heads to try, best first (later ones only matter when memory blocks earlier)."""
+        first = self._starving(now, late, ontime)
+        if first is None and self.protect > 0:
+            first = self._protected(now, ontime)
+        if first is None and ontime and self.beta is not None:
+            best = min(ontime, key=self._key)
+            first = best if best.guard >= best.tau else None
+        if first is not None:
+            yield first
+        yield from ontime
+        yield from sorted(late, key=lambda c: (c.rem / c.req.weight, c.req.arrival))
+
+    def _protected(self, now: float, ontime: list[_Cand]) -> _Cand | None:
+        """The first priority-0 request by deadline once the priority-0 work alone would leave
+        less than ``protect`` of the time to a deadline spare (plus one step)."""
+        longest = max((c.tau for c in ontime), default=0.0)
+        work, first = 0.0, None
+        for c in ontime:
+            if c.req.priority != 0:
+                continue
+            first = first or c
+            work += c.rem
+            if (c.req.deadline - now) * (1.0 - self.protect) - work < longest:
+                return first
+        return None
+
     def _starving(self, now: float, late: list[_Cand], ontime: list[_Cand]) -> _Cand | None:
-        """The oldest late request waiting past ``aging`` SLO windows, if on-time requests
+        """The most overdue late request past ``aging`` SLO windows, if on-time requests
         can absorb its step (always, past twice that)."""
-        old = [
+        overdue = [
             c for c in late if now - c.req.deadline > self.aging * (c.req.deadline - c.req.arrival)
         ]
-        if not old:
+        if not overdue:
             return None
-        c = min(old, key=lambda c: c.req.deadline)
+        c = min(overdue, key=lambda c: c.req.deadline)
         hard = now - c.req.deadline > 2 * self.aging * (c.req.deadline - c.req.arrival)
         if hard or all(o.slack >= c.tau for o in ontime):
             return c
         return None
 
-    def _fill_batch(self, view, plan, head, ontime, late) -> None:
+    @staticmethod
+    def _victim_order(status: RequestStatus) -> tuple:
+        """Offload order for paused requests: latest deadline, lowest priority first."""
+        return (-(status.request.deadline or 0.0), -status.request.priority)
+
+    # ---- batching ----------------------------------------------------------------------
+    def _fill_batch(self, view, plan, head: _Cand, ontime: list[_Cand], late: list[_Cand]):
         cost = self.cost
         model = head.req.model
         limit = cost.max_batch(model)
-        batch = [head]
-        step = head.tau
+        batch, step = [head], head.tau
         others = sorted(
             (c for c in ontime + late if c.req.model == model and c is not head),
-            key=lambda c: (c.late, self._key(c.req, c.rem)),
+            key=lambda c: (c.late, self._key(c)),
         )
         for c in others:
             if len(batch) >= limit:
@@ -186,20 +221,22 @@ class SloPolicy(Policy):
             if new_step - step > (1.0 - self.min_gain) * c.tau:
                 continue
             trial = batch + [c]
-            if not self._batch_fits(trial, new_step, ontime):
-                continue
-            if make_room(cost, view, [c.item], plan):
-                batch = trial
-                step = new_step
+            if self._batch_fits(trial, new_step, ontime) and make_room(
+                cost, view, [c.item], plan, victim_order=self._victim_order
+            ):
+                batch, step = trial, new_step
 
     @staticmethod
     def _batch_fits(batch: list[_Cand], step: float, ontime: list[_Cand]) -> bool:
-        """Every on-time member still meets its slack if all its remaining steps run at the
-        batch's step time, and every on-time non-member can absorb one such step."""
-        ids = {id(c) for c in batch}
+        """Each on-time member meets its slack running all remaining steps at ``step``, and
+        each on-time non-member can absorb one such step."""
+        members = {id(c) for c in batch}
         for c in batch:
-            if not c.late:
-                steps_left = c.rem / c.tau if c.tau > 0 else 0.0
-                if steps_left * (step - c.tau) > c.slack:
-                    return False
-        return all(c.slack >= step for c in ontime if id(c) not in ids)
+            if not c.late and c.tau > 0 and (c.rem / c.tau) * (step - c.tau) > c.slack:
+                return False
+        return all(c.slack >= step for c in ontime if id(c) not in members)
+
+    def observe(self, report: StepReport) -> None:
+        super().observe(report)
+        for rid in report.finished:
+            self._static.pop(rid, None)
