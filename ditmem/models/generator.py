@@ -20,6 +20,14 @@ video) in three stages the engine can schedule separately:
 be decided before any allocation. ``reference(request)`` runs the stock diffusers
 pipeline's own ``__call__`` for the same inputs and seed: the equivalence oracle.
 
+Optional, for preemption inside a step (Qwen-Image has it): ``num_blocks`` (transformer
+blocks per step), ``block(state)`` (next block of the current step, 0 between steps),
+``step_blocks(states, stop) -> bool`` (run blocks ``block .. stop-1`` for states all at the
+same block; the block-boundary activations go into the states' pages; ``False`` and nothing
+changed when a pool has no room for them) and ``boundary_pages(request, page_bytes)``
+(extra pages held while paused inside a step). ``step(states)`` finishes a step from
+wherever the states are.
+
 A full ``encode -> step* -> decode`` run equals ``reference`` (see each model module for
 the documented tolerance), and offloading a state to host between steps and restoring it
 into other pages leaves the result bit-identical.

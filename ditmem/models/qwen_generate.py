@@ -9,10 +9,10 @@ schedule, and the pipeline's unpack / de-normalise / VAE / postprocess for the i
 scheduler object itself is never stepped: each request's step index and sigmas live in its
 ``RequestState.scalars`` and the Euler update is done here, per request.
 
-State of a request (``ditmem.memory.RequestState`` names): ``latents [1, S, C]``,
-``prompt_embeds.cond [1, L, D]`` (+ ``.uncond`` with CFG), ``prompt_mask.<branch>`` only
-when the pipeline produced a mask; scalars ``step``, ``timesteps``, ``sigmas``, ``cfg``,
-``cfg_scale``, ``height``, ``width``, ``img_shape``.
+The state layout (tensor names, scalars) is in :mod:`ditmem.models.qwen_state`. A step can
+also run in chunks of transformer blocks (``step_blocks``): between chunks the
+block-boundary activations of each request sit in its pages, so a request paused inside a
+step can be offloaded and resumed with other companions, bit-identically.
 
 Equivalence with the stock pipeline: the transformer runs through
 ``ditmem.ops.paged_attention`` instead of SDPA, so latents match to a relative error of
@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from ditmem.memory import RequestState, pages_for
+from ditmem.models import qwen_state as qs
 from ditmem.models.qwen import patch
 from ditmem.models.request import GenerationRequest
-
-CFG = ("cond", "uncond")
 
 
 def _check_request(request: GenerationRequest, multiple: int) -> None:
@@ -105,13 +104,15 @@ class QwenGenerator:
         _check_request(request, self.multiple)
         p, cfg = self.pipe, self._uses_cfg(request)
         state = RequestState(pool, request_id=request.request_id or None)
-        branches = {"cond": request.prompt}
+        prompts = {"cond": request.prompt}
         if cfg:
-            branches["uncond"] = request.negative_prompt
-        for branch, prompt in branches.items():
+            prompts["uncond"] = request.negative_prompt
+        txt_rows = {}
+        for branch, prompt in prompts.items():
             embeds, mask = p.encode_prompt(
                 prompt=prompt, device=self.device, max_sequence_length=self.max_sequence_length
             )
+            txt_rows[branch] = embeds.shape[1] if mask is None else int(mask.bool().sum())
             if not self._put(state, f"prompt_embeds.{branch}", embeds):
                 return None
             if mask is not None and not self._put(state, f"prompt_mask.{branch}", mask):
@@ -126,6 +127,8 @@ class QwenGenerator:
         vae = p.vae_scale_factor
         state.scalars.update(
             step=0,
+            block=0,
+            txt_rows=txt_rows,
             timesteps=timesteps,
             sigmas=sigmas,
             cfg=cfg,
@@ -143,22 +146,76 @@ class QwenGenerator:
             return False
         return True
 
-    def _branch_kwargs(self, state: RequestState, latents: torch.Tensor, branch: str) -> dict:
-        t = state.scalars["timesteps"][state.scalars["step"]]
-        timestep = torch.tensor([t], dtype=torch.float32, device=self.device).to(latents.dtype)
-        mask_name = f"prompt_mask.{branch}"
-        return dict(
-            hidden_states=latents,
-            timestep=timestep / 1000,
-            encoder_hidden_states=state.get(f"prompt_embeds.{branch}"),
-            encoder_hidden_states_mask=state.get(mask_name) if mask_name in state else None,
-            img_shapes=[[state.scalars["img_shape"]]],
+    @property
+    def num_blocks(self) -> int:
+        """Transformer blocks per step (the finest preemption grain of ``step_blocks``)."""
+        return self.adapter.num_blocks
+
+    def block(self, state: RequestState) -> int:
+        """Next transformer block of the current step (0 between steps)."""
+        return state.scalars["block"]
+
+    def boundary_pages(self, request: GenerationRequest, page_bytes: int) -> int:
+        """Extra pages a request holds while paused inside a step (pure arithmetic plus
+        tokenizing the prompts)."""
+        _check_request(request, self.multiple)
+        dim = self.adapter.model.inner_dim
+        tokens = (request.height // self.multiple) * (request.width // self.multiple)
+        prompts = [request.prompt] + ([request.negative_prompt] if self._uses_cfg(request) else [])
+        return sum(
+            pages_for(tokens * dim, (), self.dtype, page_bytes)
+            + pages_for(self._text_len(prompt) * dim, (), self.dtype, page_bytes)
+            for prompt in prompts
         )
 
-    @torch.no_grad()
     def step(self, states: list[RequestState]) -> None:
         """One packed forward over all states (CFG branches as extra segments), then each
-        request's true-CFG combination and Euler update; latents written back to pages."""
+        request's true-CFG combination and Euler update; latents written back to pages.
+        States paused inside a step (all at the same block) finish that step."""
+        self.step_blocks(states, self.num_blocks)
+
+    @torch.no_grad()
+    def step_blocks(self, states: list[RequestState], stop: int) -> bool:
+        """Run transformer blocks ``block .. stop-1`` of the current step for all states
+        (which must all be at the same ``block``) in one packed pass. ``stop ==
+        num_blocks`` finishes the step (solver update, boundary pages freed); otherwise the
+        boundary activations are saved into the states' pages. Returns ``False`` with
+        nothing changed when a pool has no room for them."""
+        self._check_states(states)
+        start = states[0].scalars["block"]
+        if any(s.scalars["block"] != start for s in states):
+            blocks = [s.scalars["block"] for s in states]
+            raise ValueError(f"step_blocks: states are at different blocks {blocks}")
+        if not start < stop <= self.num_blocks:
+            raise ValueError(f"step_blocks: stop={stop} not in ({start}, {self.num_blocks}]")
+        if stop < self.num_blocks and not self._room_for_boundaries(states):
+            return False
+        latents = [s.get("latents") for s in states]
+        kwargs, owners = [], []
+        for s, lat in zip(states, latents, strict=True):
+            for branch in qs.branches(s):
+                kwargs.append(qs.forward_kwargs(s, lat, branch))
+                owners.append((s, branch))
+        boundary = None if start == 0 else [qs.load_boundary(s, b) for s, b in owners]
+        batch = self.adapter.prepare(kwargs, boundary, start)
+        self.adapter.run_blocks(batch, start, stop)
+        if stop < self.num_blocks:
+            for (s, branch), (img, txt) in zip(owners, batch.boundary(), strict=True):
+                qs.save_boundary(s, branch, img, txt)
+            for s in states:
+                s.scalars["block"] = stop
+            return True
+        preds = {id(s): [] for s in states}
+        for (s, _), out in zip(owners, self.adapter.finish(batch), strict=True):
+            preds[id(s)].append(out)
+        for s, lat in zip(states, latents, strict=True):
+            qs.drop_boundary(s)
+            s.put("latents", qs.solver_update(s, lat, preds[id(s)]))
+            s.scalars["step"] += 1
+            s.scalars["block"] = 0
+        return True
+
+    def _check_states(self, states: list[RequestState]) -> None:
         if not states:
             raise ValueError("step: states is empty")
         if len({id(s) for s in states}) != len(states):
@@ -168,31 +225,16 @@ class QwenGenerator:
                 raise ValueError(f"step: states[{i}] ({s.request_id}) has already finished")
             if s.location != "device":
                 raise ValueError(f"step: states[{i}] ({s.request_id}) is {s.location}, not device")
-        latents = [s.get("latents") for s in states]
-        kwargs, owner = [], []
-        for i, (s, lat) in enumerate(zip(states, latents, strict=True)):
-            for branch in CFG[: 2 if s.scalars["cfg"] else 1]:
-                kwargs.append(self._branch_kwargs(s, lat, branch))
-                owner.append(i)
-        outs = self.adapter.forward_packed(kwargs)
-        preds: list[list[torch.Tensor]] = [[] for _ in states]
-        for i, out in zip(owner, outs, strict=True):
-            preds[i].append(out)
-        for s, lat, pred in zip(states, latents, preds, strict=True):
-            s.put("latents", self._update(s, lat, pred))
-            s.scalars["step"] += 1
 
-    def _update(self, state: RequestState, latents: torch.Tensor, pred: list[torch.Tensor]):
-        noise = pred[0]
-        if state.scalars["cfg"]:
-            cond, uncond = pred
-            comb = uncond + state.scalars["cfg_scale"] * (cond - uncond)
-            noise = comb * (torch.norm(cond, dim=-1, keepdim=True)
-                            / torch.norm(comb, dim=-1, keepdim=True))
-        i, sigmas = state.scalars["step"], state.scalars["sigmas"]
-        sigma = torch.tensor(sigmas[i], dtype=torch.float32, device=latents.device)
-        sigma_next = torch.tensor(sigmas[i + 1], dtype=torch.float32, device=latents.device)
-        return (latents.to(torch.float32) + (sigma_next - sigma) * noise).to(noise.dtype)
+    def _room_for_boundaries(self, states: list[RequestState]) -> bool:
+        need: dict[int, int] = {}
+        pools = {}
+        for s in states:
+            pools[id(s.pool)] = s.pool
+            need[id(s.pool)] = need.get(id(s.pool), 0) + qs.new_boundary_pages(
+                s, self.adapter.model.inner_dim, self.dtype
+            )
+        return all(n <= pools[k].num_free_pages for k, n in need.items())
 
     def is_done(self, state: RequestState) -> bool:
         return state.scalars["step"] >= len(state.scalars["timesteps"])
