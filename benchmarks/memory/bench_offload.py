@@ -12,9 +12,10 @@ States (CPU "device" pool and CPU host pool, as on this machine):
 Each repeat offloads the whole state (start + finish), shuffles the device pool's free
 list, restores it (start + finish, landing in scattered pages); the baseline copies one
 contiguous buffer of the same data bytes to a host buffer and back (``copy_``), in the same
-repeat. Every timed operation starts with cold caches (64 MiB written first), as a state
-parked between steps would. The state is checked bit-exactly at the end.
-ratio = raw time / ours (1.0 = as fast as a raw copy).
+repeat. "cold": every timed operation starts with cold caches (64 MiB written first), as
+a state parked between steps would; "warm": back to back. The state is checked
+bit-exactly at the end. ratio = median over repeats of raw time / our time (1.0 = as fast
+as a raw copy; both include their Python overhead).
 """
 
 from __future__ import annotations
@@ -89,15 +90,16 @@ def flush_caches() -> None:
     _SCRATCH[0].add_(1)
 
 
-def timed(fn) -> float:
-    """Seconds ``fn()`` takes, starting with cold caches."""
-    flush_caches()
+def timed(fn, cold: bool = True) -> float:
+    """Seconds ``fn()`` takes, starting with cold caches unless ``cold`` is False."""
+    if cold:
+        flush_caches()
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def measure(name, tensors, page_bytes, repeats, mode, rng) -> dict:
+def measure(name, tensors, page_bytes, repeats, mode, rng, cold: bool) -> dict:
     nbytes = sum(x.numel() * x.element_size() for x, _ in tensors.values())
     pages_needed = state_pages(tensors, page_bytes) + 2 * len(tensors)
     pool = PagePool(pages_needed, page_bytes)
@@ -110,11 +112,11 @@ def measure(name, tensors, page_bytes, repeats, mode, rng) -> dict:
     raw_dst = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=host.is_pinned)
     ours, raw = [], []
     for i in range(repeats + 1):  # the first repeat warms up
-        t_off = timed(lambda: state.offload(eng))
+        t_off = timed(lambda: state.offload(eng), cold)
         shuffle_free_pages(pool, rng)
-        t_res = timed(lambda: state.restore(eng))
-        t_d2h = timed(lambda: raw_dst.copy_(raw_src))
-        t_h2d = timed(lambda: raw_src.copy_(raw_dst))
+        t_res = timed(lambda: state.restore(eng), cold)
+        t_d2h = timed(lambda: raw_dst.copy_(raw_src), cold)
+        t_h2d = timed(lambda: raw_src.copy_(raw_dst), cold)
         if i:
             ours.append(t_off + t_res)
             raw.append(t_d2h + t_h2d)
@@ -123,11 +125,13 @@ def measure(name, tensors, page_bytes, repeats, mode, rng) -> dict:
     page_total = state.num_pages * page_bytes
     eng.close()
     ours_s, raw_s = statistics.median(ours), statistics.median(raw)
-    return {"state": name, "mode": eng.mode, "page_kib": page_bytes >> 10,
+    paired = statistics.median(r / o for r, o in zip(raw, ours, strict=True))
+    return {"state": name, "cache": "cold" if cold else "warm", "mode": eng.mode,
+            "page_kib": page_bytes >> 10,
             "data_mb": nbytes / 1e6, "page_mb": page_total / 1e6,
             "ours_ms": ours_s * 1e3, "raw_copy_ms": raw_s * 1e3,
             "ours_gb_s": 2 * nbytes / ours_s / 1e9, "raw_gb_s": 2 * nbytes / raw_s / 1e9,
-            "ratio": raw_s / ours_s}
+            "ratio": paired}
 
 
 def measure_overlap(tensors, page_bytes, repeats, rng) -> dict:
@@ -178,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wan-layers", type=int, default=None, help="Wan layers kept (of 40)")
     ap.add_argument("--modes", default="sync", help="copier modes: sync,thread")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--cache", default="cold,warm", help="cold,warm or one of them")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (1 keeps a shared 2-core machine steady)")
     args = ap.parse_args(argv)
@@ -185,7 +190,7 @@ def main(argv=None) -> int:
     pages = [int(p) for p in (args.page_kib or ("256,1024" if args.quick else
                                                  "64,256,1024")).split(",")]
     layers = args.wan_layers or (2 if args.quick else 8)
-    repeats = args.repeats or (5 if args.quick else 11)
+    repeats = args.repeats or (5 if args.quick else 15)
     g = torch.Generator().manual_seed(0)
     rng = random.Random(0)
     states = {"qwen-1024": qwen_state_tensors(g), f"wan-720p/{layers}L":
@@ -194,10 +199,12 @@ def main(argv=None) -> int:
     for name, tensors in states.items():
         for kib in pages:
             for mode in args.modes.split(","):
-                rows.append(measure(name, tensors, kib << 10, repeats, mode, rng))
+                for cache in args.cache.split(","):
+                    rows.append(measure(name, tensors, kib << 10, repeats, mode, rng,
+                                        cold=cache == "cold"))
     print(f"offload + restore (shuffled pool) vs raw copy_ of the same bytes, median of "
           f"{repeats}; torch threads {torch.get_num_threads()}")
-    print_table(rows, ["state", "mode", "page_kib", "data_mb", "page_mb", "ours_ms",
+    print_table(rows, ["state", "cache", "mode", "page_kib", "data_mb", "page_mb", "ours_ms",
                        "raw_copy_ms", "ours_gb_s", "raw_gb_s", "ratio"])
     ov = measure_overlap(states["qwen-1024"], 1 << 20, repeats, rng)
     print()

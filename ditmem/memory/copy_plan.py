@@ -10,6 +10,8 @@ next larger one when keeping it apart would save fewer than ``min_saving`` bytes
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 MIN_TRIM_BYTES = 4096
@@ -51,8 +53,13 @@ def plan_copies(tensors, src: list[list[int]], dst: list[list[int]], page_bytes:
             g[0].extend(s[:n_full])
             g[1].extend(d[:n_full])
     _fold_small_classes(groups, min_saving)
-    return [(nbytes, torch.tensor([gs, gd], dtype=torch.int64).t().contiguous())
-            for nbytes, (gs, gd) in sorted(groups.items(), reverse=True)]
+    return [(nbytes, _pairs(gs, gd)) for nbytes, (gs, gd) in sorted(groups.items(), reverse=True)]
+
+
+def _pairs(src: list[int], dst: list[int]) -> torch.Tensor:
+    """int64 [N, 2] of (src[i], dst[i]) (built from a C array: half the cost of a list)."""
+    flat = torch.frombuffer(array("q", src + dst), dtype=torch.int64)
+    return flat.view(2, -1).t().contiguous()
 
 
 def _fold_small_classes(groups: dict[int, tuple[list[int], list[int]]], min_saving: int):
