@@ -1,0 +1,160 @@
+"""Experiments over the simulator: one operating point, goodput by bisection, load sweeps.
+
+A *point* is (workload or trace, policy, device, load, arrival process, seeds): every seed
+is simulated and the records are pooled before the metrics are taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .cost import CostModel
+from .metrics import summarize
+from .policies import make_policy
+from .request import Request
+from .simulator import simulate
+from .workloads import with_load, workload
+
+
+@dataclass(slots=True)
+class Scenario:
+    """What to simulate, besides the policy and the load.
+
+    Either ``workload`` (a name) or ``trace`` (parsed requests; ``trace_timed`` when they
+    carry timestamps, in which case the load is the trace's own and ``load`` is ignored).
+    """
+
+    cost: CostModel
+    workload: str | None = None
+    trace: list[Request] | None = None
+    trace_timed: bool = False
+    requests: int | None = None
+    arrival: str = "poisson"
+    slo_scale: float = 3.0
+    scale: str = "gpu"
+    seeds: tuple[int, ...] = (0,)
+    policy_options: dict[str, dict] = field(default_factory=dict)
+
+    def requests_for(self, load: float, seed: int) -> list[Request]:
+        """The request list for one seed at ``load``."""
+        if self.workload is not None:
+            return workload(
+                self.workload,
+                self.cost,
+                load=load,
+                requests=self.requests,
+                seed=seed,
+                arrival=self.arrival,
+                slo_scale=self.slo_scale,
+                scale=self.scale,
+            )
+        if self.trace is None:
+            raise ValueError("a scenario needs a workload name or a trace")
+        base = self.trace[: self.requests] if self.requests else self.trace
+        if self.trace_timed:
+            out = []
+            for r in base:
+                copy = Request(
+                    r.id,
+                    r.arrival,
+                    r.model,
+                    r.width,
+                    r.height,
+                    r.frames,
+                    r.steps,
+                    r.priority,
+                    r.slo_ms,
+                    r.prompt,
+                    r.seed,
+                )
+                out.append(self.cost.assign_deadline(copy, self.slo_scale))
+            return out
+        return with_load(
+            base, self.cost, load, seed=seed, arrival=self.arrival, slo_scale=self.slo_scale
+        )
+
+    def name(self) -> str:
+        return self.workload or "trace"
+
+
+def measured_load(requests: list[Request], cost: CostModel) -> float:
+    """Offered load of a timed request list: Σ standalone time / arrival span."""
+    span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
+    work = sum(cost.standalone_time(r) for r in requests)
+    return work / span if span > 0 else float("inf")
+
+
+def run_point(
+    scenario: Scenario,
+    policy: str,
+    load: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Simulate every seed at ``load`` under ``policy``; pooled metrics plus descriptors."""
+    records = []
+    for seed in scenario.seeds:
+        reqs = scenario.requests_for(load, seed)
+        pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
+        records += simulate(reqs, pol, slo_scale=scenario.slo_scale, progress=progress).records
+    out = {
+        "policy": policy,
+        "workload": scenario.name(),
+        "load": load,
+        "device": scenario.cost.name,
+        "arrival": scenario.arrival,
+        "slo_scale": scenario.slo_scale,
+        "seeds": list(scenario.seeds),
+    }
+    out.update(summarize(records))
+    return out
+
+
+def goodput(
+    scenario: Scenario,
+    policy: str,
+    *,
+    target: float = 0.99,
+    lo: float = 0.05,
+    hi: float = 1.2,
+    tol: float = 0.01,
+) -> float:
+    """Highest load (in [lo, hi], to ``tol``) at which attainment stays ≥ ``target``, by
+    bisection (attainment is taken as falling with load). 0.0 if even ``lo`` fails."""
+
+    def holds(load: float) -> bool:
+        return run_point(scenario, policy, load)["slo_attainment"] >= target
+
+    if not holds(lo):
+        return 0.0
+    if holds(hi):
+        return hi
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
+    return round(lo, 4)
+
+
+def plot_sweep(rows: list[dict], path: str, title: str) -> None:
+    """Attainment and P95 versus load, one line per policy (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        pts = sorted((r["load"], r) for r in rows if r["policy"] == policy)
+        loads = [p[0] for p in pts]
+        ax1.plot(loads, [100 * p[1]["slo_attainment"] for p in pts], marker="o", label=policy)
+        ax2.plot(loads, [p[1]["p95_s"] for p in pts], marker="o", label=policy)
+    ax1.axhline(99, color="grey", linestyle="--", linewidth=1)
+    ax1.set(xlabel="load ρ", ylabel="SLO attainment (%)", title="attainment vs load")
+    ax2.set(xlabel="load ρ", ylabel="P95 latency (s)", title="P95 vs load", yscale="log")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
