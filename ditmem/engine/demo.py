@@ -68,10 +68,15 @@ def warm_up(gen, trace, pool) -> None:
 
 def main(args) -> int:
     from ditmem import models
-    from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
+    from ditmem.engine.factory import (
+        EngineConfig,
+        make_policy_and_cost,
+        make_pools,
+        scheduler_model,
+    )
     from ditmem.engine.loop import Engine
     from ditmem.engine.replay import replay
-    from ditmem.scheduler import CostModel, make_policy
+    from ditmem.scheduler import CostModel
 
     started = time.perf_counter()
     gen = models.load(args.model)
@@ -83,9 +88,9 @@ def main(args) -> int:
     warm_up(gen, trace, pool)
     results = {}
     for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        cost = CostModel.load(args.profile)
+        policy, cost = make_policy_and_cost(name, args.profile)
         pool, host = make_pools(config, "cpu")
-        engine = Engine(gen, make_policy(name, cost), cost, pool, host, model=model_key,
+        engine = Engine(gen, policy, cost, pool, host, model=model_key,
                         max_queued=config.max_queued).start()
         bar = None
         if not args.no_progress:

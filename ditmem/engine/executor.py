@@ -58,7 +58,8 @@ class PlanExecutor:
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> bool:
-        """Run one iteration; False when the policy had nothing to do."""
+        """Run one iteration; False when nothing could be executed (the caller then waits
+        briefly instead of spinning: e.g. an admit that found no room)."""
         self.take_intake()
         if not self.has_work():
             self.publish()
@@ -87,7 +88,7 @@ class PlanExecutor:
         if observe is not None:
             observe(report)
         self.publish()
-        return True
+        return bool(pending or batch or report.encode_s or report.transfer_s)
 
     def _ids(self, ids) -> list[Job]:
         return [self.active[i] for i in ids if i in self.active]
@@ -187,6 +188,8 @@ class PlanExecutor:
         job.phase = Phase.DONE
         job.timing.finished = self.engine.clock()
         self.engine.intake.forget(job, started=started)
+        if self.engine._exact is not None:
+            self.engine._exact.forget(job.id)
         if error is None:
             result = GenerationResult(job.id, job.sched.priority, job.ticket.slo_ms,
                                       job.timing, output)

@@ -51,17 +51,25 @@ def make_pools(config: EngineConfig, device: str):
     return pool, host
 
 
+def make_policy_and_cost(policy: str, profile):
+    """A fresh ``(policy, cost)`` pair; ``profile`` is a name, a JSON path or a ``CostModel``.
+    The policy predicts with an :class:`ExactPagesCost` over the profile."""
+    from ditmem.engine.accounting import ExactPagesCost
+    from ditmem.scheduler import CostModel, make_policy
+
+    base = profile if isinstance(profile, CostModel) else CostModel.load(profile)
+    cost = ExactPagesCost(base)
+    return make_policy(policy, cost), cost
+
+
 def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
     """An (unstarted) engine; loads the model and the profile unless given."""
     from ditmem import models
-    from ditmem.scheduler import CostModel, make_policy
 
     if generator is None:
         generator = models.load(config.model, device=config.device)
-    if cost is None:
-        cost = CostModel.load(config.profile)
+    policy, cost = make_policy_and_cost(config.policy, cost or config.profile)
     pool, host = make_pools(config, config.device)
-    policy = make_policy(config.policy, cost)
     return Engine(generator, policy, cost, pool, host,
                   model=scheduler_model(config.model, generator),
                   max_active=config.max_active, max_queued=config.max_queued,

@@ -43,6 +43,7 @@ class Engine:
                  offload_mode: str = "auto", idle_wait_s: float = 0.05,
                  slo_scale: float = 3.0):
         self.gen, self.policy, self.cost = generator, policy, cost
+        self._exact = cost if hasattr(cost, "register") else None
         self.pool, self.host, self.model = pool, host, model
         self.max_active, self.max_queued = max_active, max_queued
         self.clock = clock
@@ -83,7 +84,11 @@ class Engine:
         ticket = Ticket(request.request_id, priority, slo)
         job = Job(gen=request, sched=sched, ticket=ticket, timing=Timing(arrival=now),
                   pages_needed=need)
+        if self._exact is not None:
+            self._exact.register(job.id, self.pool.page_bytes, need)
         if not self.intake.push(job, self.max_queued):
+            if self._exact is not None:
+                self._exact.forget(job.id)
             raise QueueFull(f"{self.max_queued} requests are already waiting; retry later",
                             retry_after_s=max(1.0, sched.standalone_s or 1.0))
         return ticket
