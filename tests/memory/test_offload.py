@@ -172,3 +172,32 @@ def test_trimmed_roundtrip_is_exact_and_skips_unused_bytes(trim):
     assert torch.equal(t.read(), x)
     assert eng.restore([t]) and torch.equal(t.read(), x)
 
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failed_copy_leaves_tensor_where_it_was(mode, monkeypatch):
+    import ditmem.memory.offload as offload
+
+    pool, host, eng = setup(mode)
+    t = pool.allocate_tensor(50, (), torch.float32)
+    x = torch.randn(50)
+    t.write(x)
+
+    def broken(src, dst, mapping):
+        raise RuntimeError("DMA error")
+
+    monkeypatch.setattr(offload, "copy_blocks", broken)
+    with pytest.raises(RuntimeError, match="DMA error"):
+        eng.finish_offload(eng.start_offload([t]))  # sync raises in start, thread in finish
+    assert t.state is TensorState.ON_DEVICE and torch.equal(t.read(), x)
+    assert host.num_free_pages == 64 and eng.num_in_flight == 0
+    monkeypatch.undo()
+    eng.offload([t])
+    monkeypatch.setattr(offload, "copy_blocks", broken)
+    free = pool.num_free_pages
+    with pytest.raises(RuntimeError, match="DMA error"):
+        eng.finish_restore(eng.start_restore([t]))
+    assert t.state is TensorState.ON_HOST and pool.num_free_pages == free
+    monkeypatch.undo()
+    assert eng.restore([t]) and torch.equal(t.read(), x)
+    eng.close()
