@@ -40,6 +40,6 @@ def load(
     else:
         from diffusers import QwenImagePipeline
 
-        pipe = QwenImagePipeline.from_pretrained(name_or_path, torch_dtype=dtype).to(device)
+        pipe = QwenImagePipeline.from_pretrained(name_or_path, dtype=dtype).to(device)
         pipe.set_progress_bar_config(disable=True)
     return QwenGenerator(pipe, name=name_or_path, block_size=block_size)
