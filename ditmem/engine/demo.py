@@ -66,6 +66,20 @@ def warm_up(gen, trace, pool) -> None:
         gen.release(state)
 
 
+def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int) -> dict:
+    """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool."""
+    import dataclasses
+
+    from ditmem.engine.factory import make_policy_and_cost
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.simulator import simulate
+
+    pol, cost = make_policy_and_cost(policy, profile)
+    reqs = [dataclasses.replace(r) for r in trace]
+    result = simulate(reqs, pol, cost.base, page_bytes=page_bytes, device_pages=pool_pages)
+    return summarize(result.records)
+
+
 def main(args) -> int:
     from ditmem import models
     from ditmem.engine.factory import (
@@ -104,17 +118,20 @@ def main(args) -> int:
             bar.close()
         engine.drain(60)
         results[name] = run_summary(records, services, engine.stats(), wall, pool)
-    out = {
+        sim = predict(trace, name, args.profile, pool.page_bytes, pool.num_pages)
+        results[name]["sim_slo_attainment"] = sim["slo_attainment"]
+        results[name]["sim_p95_s"] = sim["p95_s"]
+        results[name]["sim_p50_s"] = sim["p50_s"]
+    meta = {
         "command": "demo", "model": args.model, "workload": args.workload,
-        "profile": args.profile, "load": args.load, "arrival": args.arrival,
+        "device": args.profile, "load": args.load, "arrival": args.arrival,
         "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
-        "machine_note": "real time on this machine; timings are noisy if it is shared",
-        "policies": {k: {kk: vv for kk, vv in v.items() if kk != "latencies_s"}
-                     for k, v in results.items()},
         "total_wall_s": time.perf_counter() - started,
     }
-    print(comparison_table(results, out))
+    rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
+            for name, res in results.items()]
+    print(comparison_table(results, meta))
     if args.plot:
         from ditmem.engine.plots import plot_comparison
 
@@ -123,6 +140,6 @@ def main(args) -> int:
         print(f"plot: {plot_comparison(results, args.plot, title)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+            json.dump(rows, f, indent=2)
         print(f"json: {args.json}")
     return 0

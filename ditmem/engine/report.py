@@ -46,7 +46,9 @@ def comparison_table(results: dict, meta: dict) -> str:
     rows = [("SLO attainment", "slo_attainment", True), ("P50 latency (s)", "p50_s", False),
             ("P95 latency (s)", "p95_s", False), ("P99 latency (s)", "p99_s", False),
             ("mean latency (s)", "mean_s", False), ("measured load", "measured_load", False),
-            ("preemptions/request", "preemptions", False), ("wall (s)", "wall_s", False)]
+            ("preemptions/request", "preemptions", False), ("wall (s)", "wall_s", False),
+            ("sim: SLO attainment", "sim_slo_attainment", True),
+            ("sim: P95 latency (s)", "sim_p95_s", False)]
     lines = [f"{meta.get('workload')} on {meta.get('model')}: {meta.get('requests')} requests, "
              f"target load {meta.get('load')} ({meta.get('arrival')}), seed {meta.get('seed')}, "
              f"shapes {', '.join(meta.get('shapes', []))}"]
@@ -60,6 +62,12 @@ def comparison_table(results: dict, meta: dict) -> str:
             f"{_fmt(results[n]['per_priority'][p]['slo_attainment'], True):>14}" for n in names))
         lines.append(f"{'P95 ' + label + ' (s)':24}" + "".join(
             f"{_fmt(results[n]['per_priority'][p]['p95_s']):>14}" for n in names))
+    for n in names:
+        r = results[n]
+        if r.get("sim_p95_s"):
+            d_att = 100 * (r["sim_slo_attainment"] - r["slo_attainment"])
+            d_p95 = 100 * (r["sim_p95_s"] / r["p95_s"] - 1)
+            lines.append(f"sim vs real ({n}): attainment {d_att:+.1f} points, P95 {d_p95:+.1f}%")
     if len(names) > 1:
         base = results[names[0]]["p95_s"]
         for n in names[1:]:

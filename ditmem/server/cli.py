@@ -45,14 +45,14 @@ def engine_config(args) -> EngineConfig:
 
 
 def main(args) -> int:
-    import uvicorn
+    from ditmem.server.runner import serve
 
     engine = build_engine(engine_config(args)).start()
     config = ServerConfig(model_name=args.model, api_key=args.api_key,
                           default_size=args.default_size, default_steps=args.default_steps,
                           limits=Limits())
     app = create_app(engine, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=None)
-    engine.drain(config.drain_timeout_s)
-    return 0
+    serve(app, args.host, args.port, args.log_level)
+    finished = engine.drain(config.drain_timeout_s)
+    print(f"ditmem serve: stopped ({'drained' if finished else 'drain timed out'})")
+    return 0 if finished else 1
