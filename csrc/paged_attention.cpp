@@ -18,31 +18,14 @@
 #include <vector>
 
 #include "blas.h"
+#include "softmax_vec.h"
 
 namespace ditmem {
 namespace {
 
-constexpr int64_t kTargetRows = 256;  // query rows (tokens x group heads) per item
-constexpr int64_t kTargetCols = 512;  // key rows per softmax tile
-
-// exp(x) for x <= 0 (softmax arguments); ~1e-7 relative error; vectorizes under omp simd.
-#pragma omp declare simd
-static inline float exp_nonpos(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+constexpr int64_t kTargetRows = 256;     // query rows (tokens x group heads) per item
+constexpr int64_t kTargetCols = 512;     // key rows per softmax tile
+constexpr int64_t kMinDirectBlock = 64;  // smaller float blocks are staged, see segments()
 
 struct Item {
   int64_t b, kvh, q0, tokens;
@@ -53,38 +36,63 @@ struct Geometry {
   int64_t heads, kv_heads, group, dim, block_size, blocks_per_tile, max_blocks;
   int64_t k_block_stride, v_block_stride;  // elements between consecutive blocks
   double scale;
+  bool direct;  // read float blocks in place (else stage each tile as dense fp32)
+};
+
+struct Segment {
+  const float* p;
+  int64_t ld, rows, col;  // row stride, rows, first column in the score tile
 };
 
 struct Scratch {
   std::vector<float> q, o, s, m, l, kv;
-  Scratch(int64_t rows, int64_t cols, int64_t dim, bool convert)
-      : q(rows * dim), o(rows * dim), s(rows * cols), m(rows), l(rows),
-        kv(convert ? 2 * cols * dim : 0) {}
+  std::vector<Segment> seg;
+  Scratch(const Geometry& g, int64_t rows)
+      : q(rows * g.dim), o(rows * g.dim), s(rows * g.blocks_per_tile * g.block_size), m(rows),
+        l(rows), kv(g.direct ? 0 : 2 * g.blocks_per_tile * g.block_size * g.dim),
+        seg(g.blocks_per_tile) {}
 };
 
 // Online-softmax update of rows [0, M) with n new scores each (row stride ld).
 static void softmax_update(Scratch& w, int64_t M, int64_t n, int64_t ld, int64_t dim) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < M; ++r) {
     float* s = w.s.data() + r * ld;
-    float mx = w.m[r];
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = exp_nonpos(s[j] - mx);
-      sum += s[j];
-    }
-    const float alpha = (w.m[r] == -std::numeric_limits<float>::infinity())
-                            ? 0.f
-                            : exp_nonpos(w.m[r] - mx);
+    const float mx = row_max(s, n, w.m[r]);
+    const float sum = exp_sub_sum(s, n, mx);
+    const float alpha = w.m[r] == kNegInf ? 0.f : exp_scalar(w.m[r] - mx);
     w.l[r] = w.l[r] * alpha + sum;
     w.m[r] = mx;
-    if (alpha != 1.f) {
-      float* o = w.o.data() + r * dim;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) o[d] *= alpha;
+    if (alpha != 1.f) scale_row(w.o.data() + r * dim, dim, alpha);
+  }
+}
+
+// The n key (or value) rows of one tile for kv head kvh, as fp32 matrices for BLAS: one
+// segment per block read straight from a float cache (row stride kv_heads * dim), or, for
+// other dtypes and small blocks, the whole tile staged into buf as one dense segment.
+template <typename T>
+static int64_t segments(const Geometry& g, const T* cache, int64_t block_stride,
+                        const int64_t* blocks, int64_t kvh, int64_t n, float* buf,
+                        Segment* seg) {
+  const int64_t D = g.dim, row_stride = g.kv_heads * D;
+  const int64_t nblk = (n + g.block_size - 1) / g.block_size;
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.direct) {
+      for (int64_t j = 0; j < nblk; ++j)
+        seg[j] = {cache + blocks[j] * block_stride + kvh * D, row_stride,
+                  std::min(g.block_size, n - j * g.block_size), j * g.block_size};
+      return nblk;
     }
   }
+  for (int64_t j = 0; j < nblk; ++j) {
+    const T* src = cache + blocks[j] * block_stride + kvh * D;
+    float* dst = buf + j * g.block_size * D;
+    const int64_t rows = std::min(g.block_size, n - j * g.block_size);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < D; ++d) dst[r * D + d] = (float)src[r * row_stride + d];
+  }
+  seg[0] = {buf, D, n, 0};
+  return 1;
 }
 
 template <typename T>
@@ -93,7 +101,6 @@ static void run_item(const Item& it, const Geometry& g, const T* q, const T* k, 
                      Scratch& w) {
   const int64_t D = g.dim, M = it.tokens * g.group, kv_len = lens[it.b];
   const int64_t cols = g.blocks_per_tile * g.block_size;
-  const int64_t row_stride = g.kv_heads * D;  // between rows of one block, one kv head
   auto q_row = [&](int64_t t, int64_t gi) {
     return (cu[it.b] + it.q0 + t) * g.heads * D + (it.kvh * g.group + gi) * D;
   };
@@ -113,42 +120,20 @@ static void run_item(const Item& it, const Geometry& g, const T* q, const T* k, 
   std::fill_n(w.m.data(), M, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l.data(), M, 0.f);
   const int64_t* row_table = table + it.b * g.max_blocks;
-  constexpr bool direct = std::is_same_v<T, float>;
   for (int64_t c0 = 0; c0 < kv_len; c0 += cols) {
-    const int64_t n = std::min(cols, kv_len - c0);
-    const int64_t first = c0 / g.block_size, nblk = (n + g.block_size - 1) / g.block_size;
-    // S[:, j-th block columns] = Q K_j^T
-    for (int64_t j = 0; j < nblk; ++j) {
-      const int64_t rows = std::min(g.block_size, n - j * g.block_size);
-      const T* kb = k + row_table[first + j] * g.k_block_stride + it.kvh * D;
-      const float* kp;
-      int64_t ld;
-      if constexpr (direct) {
-        kp = kb, ld = row_stride;
-      } else {
-        float* buf = w.kv.data() + j * g.block_size * D;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t d = 0; d < D; ++d) buf[r * D + d] = (float)kb[r * row_stride + d];
-        kp = buf, ld = D;
-      }
-      gemm_abt(M, rows, D, w.q.data(), D, kp, ld, w.s.data() + j * g.block_size, cols);
+    const int64_t n = std::min(cols, kv_len - c0), first = c0 / g.block_size;
+    const int64_t nk = segments(g, k, g.k_block_stride, row_table + first, it.kvh, n,
+                                w.kv.data(), w.seg.data());
+    for (int64_t j = 0; j < nk; ++j) {  // S[:, segment columns] = Q K_seg^T
+      const Segment& sg = w.seg[j];
+      gemm_abt(M, sg.rows, D, w.q.data(), D, sg.p, sg.ld, w.s.data() + sg.col, cols);
     }
     softmax_update(w, M, n, cols, D);
-    // O += P[:, j-th block columns] V_j
-    for (int64_t j = 0; j < nblk; ++j) {
-      const int64_t rows = std::min(g.block_size, n - j * g.block_size);
-      const T* vb = v + row_table[first + j] * g.v_block_stride + it.kvh * D;
-      const float* vp;
-      int64_t ld;
-      if constexpr (direct) {
-        vp = vb, ld = row_stride;
-      } else {
-        float* buf = w.kv.data() + (cols + j * g.block_size) * D;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t d = 0; d < D; ++d) buf[r * D + d] = (float)vb[r * row_stride + d];
-        vp = buf, ld = D;
-      }
-      gemm_ab_acc(M, D, rows, w.s.data() + j * g.block_size, cols, vp, ld, w.o.data(), D);
+    const int64_t nv = segments(g, v, g.v_block_stride, row_table + first, it.kvh, n,
+                                w.kv.data() + cols * D, w.seg.data());
+    for (int64_t j = 0; j < nv; ++j) {  // O += P[:, segment columns] V_seg
+      const Segment& sg = w.seg[j];
+      gemm_ab_acc(M, D, sg.rows, w.s.data() + sg.col, cols, sg.p, sg.ld, w.o.data(), D);
     }
   }
   for (int64_t t = 0; t < it.tokens; ++t)
@@ -195,6 +180,7 @@ at::Tensor paged_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
   g.k_block_stride = k_in.stride(0);
   g.v_block_stride = v_in.stride(0);
   g.scale = scale;
+  g.direct = q.scalar_type() == at::kFloat && g.block_size >= kMinDirectBlock;
 
   const int64_t batch = lens.size(0);
   const int64_t* cu_p = cu.data_ptr<int64_t>();
@@ -212,7 +198,6 @@ at::Tensor paged_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
   const int64_t rows = tile_tokens * g.group;
-  const int64_t cols = g.blocks_per_tile * g.block_size;
   std::atomic<int64_t> next{0};
   const int64_t n_items = (int64_t)items.size();
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n_items));
@@ -224,7 +209,7 @@ at::Tensor paged_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in,
     const scalar_t* vp = v_in.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-      Scratch w(rows, cols, g.dim, !std::is_same_v<scalar_t, float>);
+      Scratch w(g, rows);
       for (int64_t i = next++; i < n_items; i = next++)
         run_item<scalar_t>(items[i], g, qp, kp, vp, cu_p, table.data_ptr<int64_t>(), lens_p,
                            op, w);
