@@ -15,12 +15,15 @@ contiguous buffer of the same data bytes to a host buffer and back (``copy_``), 
 repeat. "cold": every timed operation starts with cold caches (64 MiB written first), as
 a state parked between steps would; "warm": back to back. The state is checked
 bit-exactly at the end. ratio = median over repeats of raw time / our time (1.0 = as fast
-as a raw copy; both include their Python overhead).
+as a raw copy; both include their Python overhead). ratio_kernel: the same with the
+engine calling the C++ kernel behind ``ditmem.ops.copy_blocks`` directly (``copy_fn``),
+i.e. without the public op's input validation, to show what that validation costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import statistics
@@ -80,14 +83,14 @@ def state_pages(tensors, page_bytes: int) -> int:
     return total
 
 
-_SCRATCH = []
+@functools.cache
+def _scratch() -> torch.Tensor:
+    return torch.zeros(64 << 20, dtype=torch.uint8)
 
 
 def flush_caches() -> None:
     """Write 64 MiB (twice the L3 of this machine) so no operand starts in cache."""
-    if not _SCRATCH:
-        _SCRATCH.append(torch.zeros(64 << 20, dtype=torch.uint8))
-    _SCRATCH[0].add_(1)
+    _scratch().add_(1)
 
 
 def timed(fn, cold: bool = True) -> float:
@@ -100,38 +103,49 @@ def timed(fn, cold: bool = True) -> float:
 
 
 def measure(name, tensors, page_bytes, repeats, mode, rng, cold: bool) -> dict:
+    """One state, page size, copier and cache setting; the three variants (public op,
+    kernel without the op's input checks, raw copy) take turns inside every repeat."""
+    from ditmem.ops import cpu as cpu_backend  # the C++ kernel behind the public op
+
     nbytes = sum(x.numel() * x.element_size() for x, _ in tensors.values())
     pages_needed = state_pages(tensors, page_bytes) + 2 * len(tensors)
     pool = PagePool(pages_needed, page_bytes)
     host = HostPool(pages_needed, page_bytes)
     eng = OffloadEngine(pool, host, mode=mode)
+    eng_kernel = OffloadEngine(pool, host, mode=mode, copy_fn=cpu_backend.copy_blocks)
     state = RequestState(pool, name)
     for key, (x, row_ndim) in tensors.items():
         assert state.put(key, x, row_ndim=row_ndim) is not None
     raw_src = torch.zeros(nbytes, dtype=torch.uint8)
     raw_dst = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=host.is_pinned)
-    ours, raw = [], []
+
+    def round_trip(engine) -> float:
+        t = timed(lambda: state.offload(engine), cold)
+        shuffle_free_pages(pool, rng)  # restore lands in scattered pages; not timed
+        return t + timed(lambda: state.restore(engine), cold)
+
+    ours, kern, raw = [], [], []
     for i in range(repeats + 1):  # the first repeat warms up
-        t_off = timed(lambda: state.offload(eng), cold)
-        shuffle_free_pages(pool, rng)
-        t_res = timed(lambda: state.restore(eng), cold)
-        t_d2h = timed(lambda: raw_dst.copy_(raw_src), cold)
-        t_h2d = timed(lambda: raw_src.copy_(raw_dst), cold)
+        t_ours = round_trip(eng)
+        t_kern = round_trip(eng_kernel)
+        t_raw = timed(lambda: raw_dst.copy_(raw_src), cold) + timed(
+            lambda: raw_src.copy_(raw_dst), cold)
         if i:
-            ours.append(t_off + t_res)
-            raw.append(t_d2h + t_h2d)
+            ours.append(t_ours)
+            kern.append(t_kern)
+            raw.append(t_raw)
     for key, (x, _) in tensors.items():  # bit-exact after all the round trips
         assert torch.equal(state.get(key).view(torch.uint8), x.view(torch.uint8)), key
     page_total = state.num_pages * page_bytes
     eng.close()
-    ours_s, raw_s = statistics.median(ours), statistics.median(raw)
-    paired = statistics.median(r / o for r, o in zip(raw, ours, strict=True))
+    eng_kernel.close()
+    med = statistics.median
     return {"state": name, "cache": "cold" if cold else "warm", "mode": eng.mode,
-            "page_kib": page_bytes >> 10,
-            "data_mb": nbytes / 1e6, "page_mb": page_total / 1e6,
-            "ours_ms": ours_s * 1e3, "raw_copy_ms": raw_s * 1e3,
-            "ours_gb_s": 2 * nbytes / ours_s / 1e9, "raw_gb_s": 2 * nbytes / raw_s / 1e9,
-            "ratio": paired}
+            "page_kib": page_bytes >> 10, "data_mb": nbytes / 1e6, "page_mb": page_total / 1e6,
+            "ours_ms": med(ours) * 1e3, "raw_copy_ms": med(raw) * 1e3,
+            "ours_gb_s": 2 * nbytes / med(ours) / 1e9, "raw_gb_s": 2 * nbytes / med(raw) / 1e9,
+            "ratio": med(r / o for r, o in zip(raw, ours, strict=True)),
+            "ratio_kernel": med(r / k for r, k in zip(raw, kern, strict=True))}
 
 
 def measure_overlap(tensors, page_bytes, repeats, rng) -> dict:
@@ -205,7 +219,7 @@ def main(argv=None) -> int:
     print(f"offload + restore (shuffled pool) vs raw copy_ of the same bytes, median of "
           f"{repeats}; torch threads {torch.get_num_threads()}")
     print_table(rows, ["state", "cache", "mode", "page_kib", "data_mb", "page_mb", "ours_ms",
-                       "raw_copy_ms", "ours_gb_s", "raw_gb_s", "ratio"])
+                       "raw_copy_ms", "ours_gb_s", "raw_gb_s", "ratio", "ratio_kernel"])
     ov = measure_overlap(states["qwen-1024"], 1 << 20, repeats, rng)
     print()
     print_table([ov], ["state", "data_mb", "compute_ms", "transfer_ms", "both_ms",

@@ -53,12 +53,13 @@ class OffloadEngine:
     ``copy_plan``); ``None`` means on for a CPU pool and off otherwise, because a host<->GPU
     copy of several narrowed pages at once is strided, which torch stages through a
     temporary buffer synchronously. ``min_trim_saving``: bytes a separately copied tail
-    class must save to be worth one more ``copy_blocks`` call.
+    class must save to be worth one more ``copy_blocks`` call. ``copy_fn`` replaces
+    ``ditmem.ops.copy_blocks`` (same signature), e.g. to measure the op's own overhead.
     """
 
     def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
                  trim_tails: bool | None = None,
-                 min_trim_saving: int = MIN_SAVING_BYTES) -> None:
+                 min_trim_saving: int = MIN_SAVING_BYTES, copy_fn=None) -> None:
         if pool.page_bytes != host.page_bytes:
             raise ValueError(f"host: page_bytes {host.page_bytes} differs from the pool's "
                              f"{pool.page_bytes}")
@@ -70,6 +71,7 @@ class OffloadEngine:
         self.mode = self._copier.name
         self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
         self.min_trim_saving = min_trim_saving
+        self._copy_fn = copy_fn
         self._ids = itertools.count(1)
         self._in_flight: dict[int, TransferHandle] = {}
 
@@ -120,6 +122,8 @@ class OffloadEngine:
         pages are freed; its tensors become ``ON_DEVICE`` in the new pages."""
         self._expect(handle, "restore")
         self._wait(handle, self._copier.wait_device)
+        # On a side stream the copy may still be reading these host pages; that is safe
+        # because only copies queued behind it on the same stream ever write host pages.
         self.host.free([p for pages in handle.src_pages for p in pages])
         for t, d in zip(handle.tensors, handle.dst_pages, strict=True):
             t._land_on_device(d)
@@ -133,7 +137,7 @@ class OffloadEngine:
     def ready(self, handle: TransferHandle) -> bool:
         """Whether finishing ``handle`` now would not block (polls, never waits)."""
         self._expect(handle, handle.kind)
-        return self._copier.ready(handle.token)
+        return handle.token is None or self._copier.ready(handle.token)
 
     def cancel(self, handle: TransferHandle) -> None:
         """Abandon a transfer: wait for the copy, free its destination pages, and put its
@@ -182,10 +186,11 @@ class OffloadEngine:
         plan = plan_copies(tensors, src, dst, self.pool.page_bytes, self.trim_tails,
                            self.min_trim_saving)
         handle = TransferHandle(kind, tensors, src, dst, id=next(self._ids), engine=self)
+        copy = self._copy_fn or copy_blocks
         try:
             if plan:
                 handle.token = self._copier.start(
-                    lambda: run_copies(copy_blocks, src_arena, dst_arena, plan))
+                    lambda: run_copies(copy, src_arena, dst_arena, plan))
         except BaseException:
             release.free([p for pages in dst for p in pages])
             raise
