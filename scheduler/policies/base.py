@@ -82,20 +82,21 @@ def make_room(
     free = view.memory.free_pages + plan_freed_pages(plan, view) - plan_used_pages(plan, view, cost)
     offloads: list[str] = []
     if need > free:
-        keep = {m.id for m in members} | set(plan.batch)
+        keep = {m.id for m in members} | set(plan.batch) | set(plan.offload)
         victims = sorted(
-            (
-                s
-                for s in view.active
-                if s.location is Location.DEVICE and s.id not in keep and s.id not in plan.offload
-            ),
-            key=lambda s: (-(s.request.deadline or 0.0), s.request.priority),
+            (s for s in view.active if s.location is Location.DEVICE and s.id not in keep),
+            key=victim_order,
         )
+        # Offloads run before restores (StepPlan order): the host must have room already.
+        host_free = view.memory.host_free_pages - plan_freed_pages(plan, view)
         for s in victims:
             if need <= free:
                 break
+            if s.pages > host_free:
+                continue
             offloads.append(s.id)
             free += s.pages
+            host_free -= s.pages
         if need > free:
             return False
     plan.offload += offloads

@@ -57,7 +57,10 @@ class ArrivalForecast:
         for _, s, w, p in self._recent:
             by_class[p].append((w, s))
         self._sums = {p: _ClassSums(rows) for p, rows in by_class.items()}
-        self._span = max(now - self._recent[0][0], 1e-9)
+        # A rate needs time to show: never extrapolate from a span shorter than the longest
+        # SLO window seen (a burst at start-up would otherwise read as an infinite rate).
+        longest = max(w for _, _, w, _ in self._recent)
+        self._span = max(now - self._recent[0][0], longest)
         return self._sums
 
     def work_before(self, delta: float, now: float, priority: int = 2) -> float:

@@ -18,8 +18,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    slack guard; kept for comparison, EDF does better — docs/results/scheduler.md.)
 3. **Batch when it pays.** Requests of the same model join the step while the cost model
    says the step grows by less than ``1 - min_gain`` of the joiner's own step time, and
-   each on-time member still meets its deadline running all its remaining steps at the
-   batch's step time, and everyone else keeps enough slack for the longer step.
+   after the longer step every on-time request is still as feasible (deadline order,
+   remaining work) as after a step of the head alone. Decided step by step: a batch keeps
+   going while the slack allows, then members continue alone.
 4. **Memory.** A request starts only if its pages fit; otherwise paused requests are moved
    to the host (late ones first, then latest deadline) — the transfer time is part of the
    iteration — and brought back when they run again.
@@ -154,7 +155,7 @@ class SloPolicy(Policy):
         for head in self._preference(now, ontime, late):
             if make_room(self.cost, view, [head.item], plan, victim_order=self._victim_order):
                 if self.batching:
-                    self._fill_batch(view, plan, head, ontime, late)
+                    self._fill_batch(now, view, plan, head, ontime, late)
                 break
         return self.with_pause(plan, view)
 
@@ -205,7 +206,7 @@ class SloPolicy(Policy):
         return (-(status.request.deadline or 0.0), -status.request.priority)
 
     # ---- batching ----------------------------------------------------------------------
-    def _fill_batch(self, view, plan, head: _Cand, ontime: list[_Cand], late: list[_Cand]):
+    def _fill_batch(self, now, view, plan, head: _Cand, ontime, late) -> None:
         cost = self.cost
         model = head.req.model
         limit = cost.max_batch(model)
@@ -221,20 +222,26 @@ class SloPolicy(Policy):
             if new_step - step > (1.0 - self.min_gain) * c.tau:
                 continue
             trial = batch + [c]
-            if self._batch_fits(trial, new_step, ontime) and make_room(
+            if self._batch_fits(now, trial, new_step, ontime) and make_room(
                 cost, view, [c.item], plan, victim_order=self._victim_order
             ):
                 batch, step = trial, new_step
 
-    @staticmethod
-    def _batch_fits(batch: list[_Cand], step: float, ontime: list[_Cand]) -> bool:
-        """Each on-time member meets its slack running all remaining steps at ``step``, and
-        each on-time non-member can absorb one such step."""
-        members = {id(c) for c in batch}
-        for c in batch:
-            if not c.late and c.tau > 0 and (c.rem / c.tau) * (step - c.tau) > c.slack:
+    def _batch_fits(self, now: float, batch: list[_Cand], step: float, ontime: list[_Cand]) -> bool:
+        """After one step of ``batch`` (``step`` seconds), is every on-time request at least as
+        feasible as after one step of the head alone (deadline order, remaining work)?"""
+        head, members = batch[0], {id(c): c for c in batch}
+        work_b = work_h = 0.0
+        for c in ontime:
+            rem = c.rem
+            work_b += rem - (c.tau if id(c) in members else 0.0)
+            work_h += rem - (c.tau if c is head else 0.0)
+            delta = c.req.deadline - now
+            after_batch = self._capacity(delta - step, now, c.req.priority) - work_b
+            after_head = self._capacity(delta - head.tau, now, c.req.priority) - work_h
+            if after_batch < min(0.0, after_head) - 1e-9:
                 return False
-        return all(c.slack >= step for c in ontime if id(c) not in members)
+        return True
 
     def observe(self, report: StepReport) -> None:
         super().observe(report)

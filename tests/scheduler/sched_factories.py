@@ -1,0 +1,113 @@
+"""Factories for scheduler tests: small cost models with round numbers, requests, a fake
+clock and a hand-driven engine view (no simulator involved)."""
+
+from __future__ import annotations
+
+from ditmem.scheduler import (
+    CostModel,
+    Location,
+    MemoryState,
+    Request,
+    RequestStatus,
+    SchedulerView,
+    WaitingQueue,
+)
+
+PAGE = 1 << 20
+
+
+def _v(value, source="test"):
+    return {"value": value, "source": source}
+
+
+def table_profile(
+    *,
+    seconds_1024: float = 1.0,
+    seconds_4096: float = 4.0,
+    batch_points: list[dict] | None = None,
+    max_batch: int = 4,
+    encode_s: float = 0.0,
+    decode_s_per_mp: float = 0.0,
+    state_bytes: int = PAGE,
+    device_bytes: float = 1e12,
+    host_bytes: float = 1e12,
+    link: float = 1e9,
+) -> dict:
+    """A measured-style profile: a 512² request (1,024 tokens) steps in ``seconds_1024``."""
+    points = [
+        {"tokens": 1024, "batch": 1, "seconds": seconds_1024},
+        {"tokens": 4096, "batch": 1, "seconds": seconds_4096},
+    ] + (batch_points or [])
+    return {
+        "format": 1,
+        "name": "test-table",
+        "device_bytes": _v(device_bytes),
+        "host_bytes": _v(host_bytes),
+        "host_link_bytes_per_s": _v(link),
+        "models": {
+            "qwen-image": {
+                "weights_bytes": _v(0),
+                "workspace_bytes": _v(0),
+                "state_bytes_per_token": _v(0),
+                "state_bytes_per_request": _v(state_bytes),
+                "encode_s": _v(encode_s),
+                "decode_s_per_megapixel": _v(decode_s_per_mp),
+                "max_batch": _v(max_batch),
+                "step": {"kind": "table", "points": _v(points)},
+            }
+        },
+    }
+
+
+def table_cost(**kw) -> CostModel:
+    return CostModel.from_dict(table_profile(**kw))
+
+
+def req(rid: str, arrival: float = 0.0, *, size: int = 512, steps: int = 4, priority: int = 1,
+        slo_ms: float | None = None, cost: CostModel | None = None, scale: float = 3.0,
+        model: str = "qwen-image") -> Request:
+    """A square image request; with ``cost`` its deadline is assigned."""
+    r = Request(rid, arrival, model, size, size, 1, steps, priority, slo_ms)
+    if cost is not None:
+        cost.assign_deadline(r, scale)
+    return r
+
+
+class FakeClock:
+    """A manual clock for driving a policy by hand."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+class HandEngine:
+    """A view builder: waiting queue, active statuses and page counts set by the test."""
+
+    def __init__(self, cost: CostModel, total_pages: int = 1000, host_pages: int = 1000):
+        self.cost = cost
+        self.waiting = WaitingQueue()
+        self.active: dict[str, RequestStatus] = {}
+        self.total = total_pages
+        self.host = host_pages
+        self.last_batch: tuple[str, ...] = ()
+
+    def arrive(self, r: Request) -> Request:
+        self.waiting.push(r)
+        return r
+
+    def start(self, r: Request, steps_done: int = 0, on_host: bool = False) -> RequestStatus:
+        pages = self.cost.pages_for(r, PAGE)
+        status = RequestStatus(r, steps_done, Location.HOST if on_host else Location.DEVICE,
+                               pages, started_at=r.arrival)
+        self.active[r.id] = status
+        return status
+
+    def view(self) -> SchedulerView:
+        used = sum(s.pages for s in self.active.values() if s.location is Location.DEVICE)
+        hosted = sum(s.pages for s in self.active.values() if s.location is Location.HOST)
+        mem = MemoryState(self.total, self.total - used, PAGE, self.host - hosted)
+        return SchedulerView(list(self.active.values()), self.waiting, mem, self.last_batch)

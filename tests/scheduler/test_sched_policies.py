@@ -1,0 +1,142 @@
+"""Hand-computed schedules: fifo order, srtf preemption at step boundaries, slo choices."""
+
+import pytest
+from sched_factories import PAGE, HandEngine, req, table_cost
+
+from ditmem.scheduler import CostModel, Location, make_policy
+from ditmem.scheduler.simulator import simulate
+
+
+def finish_times(result):
+    return {rec.request.id: rec.finished for rec in result.records}
+
+
+def run(policy, reqs, cost, **kw):
+    return simulate(reqs, make_policy(policy, cost, **kw), page_bytes=PAGE)
+
+
+def test_fifo_runs_to_completion_in_arrival_order():
+    cost = table_cost()  # 1 s per step, no encode/decode
+    reqs = [req("A", 0.0, steps=4, cost=cost), req("B", 1.0, steps=1, cost=cost),
+            req("C", 2.0, steps=2, cost=cost)]
+    res = run("fifo", reqs, cost)
+    assert finish_times(res) == {"A": 4.0, "B": 5.0, "C": 7.0}
+    assert all(r.preemptions == 0 for r in res.records)
+
+
+def test_srtf_preempts_only_at_step_boundaries():
+    cost = table_cost()
+    reqs = [req("A", 0.0, steps=10, cost=cost), req("B", 2.5, steps=2, cost=cost)]
+    res = run("srtf", reqs, cost)
+    # B arrives mid-step at 2.5; A's step ends at 3; B runs 3-5; A resumes and ends at 12.
+    assert finish_times(res) == {"A": 12.0, "B": 5.0}
+    pre = {r.request.id: r.preemptions for r in res.records}
+    assert pre == {"A": 1, "B": 0}
+
+
+def test_slo_runs_earliest_deadline_not_shortest():
+    cost = table_cost()
+    reqs = [req("A", 0.0, steps=10, slo_ms=30_000, cost=cost),
+            req("B", 2.5, steps=2, slo_ms=100_000, cost=cost)]
+    res = run("slo", reqs, cost)
+    assert finish_times(res) == {"A": 10.0, "B": 12.0}
+    srtf = run("srtf", reqs, cost)
+    assert finish_times(srtf)["A"] == 12.0
+
+
+def test_slo_gives_up_the_lowest_priority_when_not_all_can_make_it():
+    cost = table_cost()
+    reqs = [req(f"p{p}", 0.0, steps=10, priority=p, slo_ms=25_000, cost=cost) for p in (2, 1, 0)]
+    res = run("slo", reqs, cost)
+    met = {r.request.id: r.met for r in res.records}
+    assert met == {"p0": True, "p1": True, "p2": False}
+    assert finish_times(res)["p2"] == 30.0  # given up, yet it still finishes
+
+
+def test_slo_gives_up_the_largest_to_save_more_requests():
+    cost = table_cost()
+    reqs = [req("big", 0.0, steps=20, slo_ms=25_000, cost=cost)] + [
+        req(f"s{i}", 0.0, steps=5, slo_ms=25_000, cost=cost) for i in range(3)
+    ]
+    res = run("slo", reqs, cost)
+    assert {r.request.id for r in res.records if r.met} == {"s0", "s1", "s2"}
+    assert finish_times(res)["big"] == 35.0
+    fifo = run("fifo", reqs, cost)  # big first (same arrival, id order): two small ones miss
+    assert {r.request.id for r in fifo.records if r.met} == {"big", "s0"}
+
+
+def test_slo_batches_small_requests_when_the_profile_says_it_pays():
+    cost = CostModel.load("h200")
+    eng = HandEngine(cost)
+    for i in range(5):  # deadlines 10x standalone: room to trade latency for throughput
+        eng.arrive(req(f"s{i}", 0.0, size=512, steps=28, cost=cost, scale=10))
+    plan = make_policy("slo", cost).schedule(0.0, eng.view())
+    assert len(plan.batch) == 4 and set(plan.admit) == set(plan.batch)  # max_batch 4
+    big = HandEngine(cost)
+    for i in range(3):
+        big.arrive(req(f"b{i}", 0.0, size=1024, steps=28, cost=cost, scale=10))
+    assert len(make_policy("slo", cost).schedule(0.0, big.view()).batch) == 1
+    no_points = table_cost()
+    eng2 = HandEngine(no_points)
+    for i in range(3):
+        eng2.arrive(req(f"t{i}", 0.0, steps=4, cost=no_points))
+    assert len(make_policy("slo", no_points).schedule(0.0, eng2.view()).batch) == 1
+
+
+def test_slo_does_not_batch_a_request_into_missing_its_deadline():
+    # Two 512² requests, 28 steps: alone 2.69 s each; batched throughout 28 × 0.166 ≈ 4.7 s.
+    cost = CostModel.load("h200")
+    assert 28 * cost.step_time("qwen-image", [1024, 1024]) > 4.0
+    tight = [req(f"s{i}", 0.0, steps=28, slo_ms=4000, cost=cost) for i in range(2)]
+    res = simulate(tight, make_policy("slo", cost))
+    # Only one can make 4 s; the other may ride along only while the first keeps its slack.
+    assert {r.request.id for r in res.records if r.met} == {"s0"}
+    roomy = [req(f"s{i}", 0.0, steps=28, slo_ms=6000, cost=cost) for i in range(2)]
+    res2 = simulate(roomy, make_policy("slo", cost))
+    assert all(r.met for r in res2.records)
+    assert res2.batch_sizes.get(2, 0) >= 20  # batching paid: most steps ran as a pair
+    alone = simulate(roomy, make_policy("slo", cost, batching=False))
+    assert res2.makespan < alone.makespan
+
+
+def test_slo_admission_offloads_the_latest_deadline_to_make_room():
+    cost = table_cost()
+    eng = HandEngine(cost, total_pages=2)
+    eng.start(req("far", 0.0, steps=10, slo_ms=500_000, cost=cost), steps_done=3)
+    eng.start(req("mid", 0.0, steps=10, slo_ms=300_000, cost=cost), steps_done=3)
+    urgent = eng.arrive(req("urgent", 1.0, steps=2, slo_ms=5_000, cost=cost))
+    plan = make_policy("slo", cost, forecast=False).schedule(1.0, eng.view())
+    assert plan.batch == [urgent.id] and plan.admit == [urgent.id]
+    assert plan.offload == ["far"]
+
+
+def test_slo_restores_a_host_request_offloading_a_later_one():
+    cost = table_cost()
+    eng = HandEngine(cost, total_pages=1, host_pages=2)
+    eng.start(req("host", 0.0, steps=4, slo_ms=10_000, cost=cost), on_host=True)
+    eng.start(req("dev", 0.0, steps=4, slo_ms=90_000, cost=cost))
+    plan = make_policy("slo", cost, forecast=False).schedule(0.0, eng.view())
+    assert plan.batch == ["host"] and plan.restore == ["host"] and plan.offload == ["dev"]
+
+
+def test_slo_runs_what_is_on_device_when_the_host_pool_is_full():
+    cost = table_cost()
+    eng = HandEngine(cost, total_pages=1, host_pages=1)
+    eng.start(req("host", 0.0, steps=4, slo_ms=10_000, cost=cost), on_host=True)
+    eng.start(req("dev", 0.0, steps=4, slo_ms=90_000, cost=cost))
+    plan = make_policy("slo", cost, forecast=False).schedule(0.0, eng.view())
+    assert plan.batch == ["dev"] and not plan.offload and not plan.restore
+
+
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "slo"])
+def test_paused_requests_are_reported_as_preempted(policy):
+    cost = table_cost()
+    eng = HandEngine(cost)
+    a = eng.start(req("a", 0.0, steps=10, slo_ms=100_000, cost=cost), steps_done=5)
+    eng.arrive(req("b", 1.0, steps=1, slo_ms=2_000, cost=cost))
+    eng.last_batch = (a.id,)
+    plan = make_policy(policy, cost).schedule(1.0, eng.view())
+    if plan.batch == ["a"]:
+        assert plan.pause == []
+    else:
+        assert plan.pause == ["a"]
