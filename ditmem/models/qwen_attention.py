@@ -135,16 +135,20 @@ class DitmemQwenAttnProcessor:
         q, k, v, tq, tk, tv = q[:n_img], k[:n_img], v[:n_img], tq[:n_txt], tk[:n_txt], tv[:n_txt]
         q, k = rotate(q, p.img_freqs), rotate(k, p.img_freqs)
         tq, tk = rotate(tq, p.txt_freqs), rotate(tk, p.txt_freqs)
+        single = len(p.layout.lengths) == 1  # joint order is then just [text; image]
         jq, jk, jv = (
-            torch.cat([t, i]).index_select(0, p.joint_from_parts)
+            torch.cat([t, i]) if single else torch.cat([t, i]).index_select(0, p.joint_from_parts)
             for t, i in ((tq, q), (tk, k), (tv, v))
         )
         lay = p.layout
         o = paged_attention(
             jq, lay.to_blocks(jk), lay.to_blocks(jv), lay.cu_seqlens, lay.block_table, lay.kv_lens
         ).flatten(1)
-        img_o = _pad_rows(o.index_select(0, p.img_pos), img.shape[0])
-        return _out(attn, img_o, _pad_rows(o.index_select(0, p.txt_pos), txt.shape[0]))
+        if single:
+            img_o, txt_o = o[n_txt:], o[:n_txt]
+        else:
+            img_o, txt_o = o.index_select(0, p.img_pos), o.index_select(0, p.txt_pos)
+        return _out(attn, _pad_rows(img_o, img.shape[0]), _pad_rows(txt_o, txt.shape[0]))
 
     def _plain(self, attn, img, txt, mask, rope):
         batch, s_img, s_txt = img.shape[0], img.shape[1], txt.shape[1]

@@ -69,28 +69,29 @@ def segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:
     return torch.cat([ids, ids.new_zeros(rows - ids.shape[0])])
 
 
-def _modulate(x, params, seg):
-    """x [T, dim]; params [B, 3*dim] (shift, scale, gate); seg [T] -> (x', gate [T, dim])."""
-    shift, scale, gate = params.chunk(3, dim=-1)
-    return x * (1 + scale[seg]) + shift[seg], gate[seg]
+def per_token(params: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    """Per-request rows ``[B, k]`` -> per-token rows ``[T, k]`` (a broadcastable ``[1, k]``
+    when there is one request: the same values, no copy)."""
+    return params if params.shape[0] == 1 else params.index_select(0, seg)
 
 
 def run_block(block, batch: PackedBatch) -> None:
     """One ``QwenImageTransformerBlock`` on packed rows, with per-token modulation."""
-    img_mod1, img_mod2 = per_row(block.img_mod, batch.temb).chunk(2, dim=-1)
-    txt_mod1, txt_mod2 = per_row(block.txt_mod, batch.temb).chunk(2, dim=-1)
+    img_mod = per_token(per_row(block.img_mod, batch.temb), batch.img_seg).chunk(6, dim=-1)
+    txt_mod = per_token(per_row(block.txt_mod, batch.temb), batch.txt_seg).chunk(6, dim=-1)
+    # chunks: shift1, scale1, gate1 (attention), shift2, scale2, gate2 (MLP)
     img, txt = batch.img, batch.txt
-    img_in, img_gate1 = _modulate(block.img_norm1(img), img_mod1, batch.img_seg)
-    txt_in, txt_gate1 = _modulate(block.txt_norm1(txt), txt_mod1, batch.txt_seg)
+    img_in = block.img_norm1(img) * (1 + img_mod[1]) + img_mod[0]
+    txt_in = block.txt_norm1(txt) * (1 + txt_mod[1]) + txt_mod[0]
     img_attn, txt_attn = block.attn(
         hidden_states=img_in, encoder_hidden_states=txt_in, packed=batch.joint
     )
-    img = img + img_gate1 * img_attn
-    txt = txt + txt_gate1 * txt_attn
-    img_in2, img_gate2 = _modulate(block.img_norm2(img), img_mod2, batch.img_seg)
-    img = img + img_gate2 * block.img_mlp(img_in2)
-    txt_in2, txt_gate2 = _modulate(block.txt_norm2(txt), txt_mod2, batch.txt_seg)
-    txt = txt + txt_gate2 * block.txt_mlp(txt_in2)
+    img = img + img_mod[2] * img_attn
+    txt = txt + txt_mod[2] * txt_attn
+    img_in2 = block.img_norm2(img) * (1 + img_mod[4]) + img_mod[3]
+    img = img + img_mod[5] * block.img_mlp(img_in2)
+    txt_in2 = block.txt_norm2(txt) * (1 + txt_mod[4]) + txt_mod[3]
+    txt = txt + txt_mod[5] * block.txt_mlp(txt_in2)
     if txt.dtype == torch.float16:
         txt = txt.clip(-65504, 65504)
     if img.dtype == torch.float16:

@@ -22,7 +22,14 @@ from __future__ import annotations
 import torch
 
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
-from ditmem.models.qwen_blocks import PackedBatch, pad_to_min, per_row, run_block, segment_ids
+from ditmem.models.qwen_blocks import (
+    PackedBatch,
+    pad_to_min,
+    per_row,
+    per_token,
+    run_block,
+    segment_ids,
+)
 
 UNSUPPORTED_KWARGS = ("guidance", "controlnet_block_samples", "additional_t_cond")
 
@@ -196,7 +203,9 @@ class QwenAdapter:
         norm = m.norm_out
         emb = per_row(lambda t: norm.linear(norm.silu(t).to(batch.img.dtype)), batch.temb)
         scale, shift = emb.chunk(2, dim=1)
-        x = norm.norm(batch.img) * (1 + scale[batch.img_seg]) + shift[batch.img_seg]
+        x = norm.norm(batch.img) * (1 + per_token(scale, batch.img_seg)) + per_token(
+            shift, batch.img_seg
+        )
         out = m.proj_out(x)[: sum(batch.img_lens)]
         return [o.unsqueeze(0) for o in torch.split(out, batch.img_lens)]
 
