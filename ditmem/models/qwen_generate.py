@@ -283,7 +283,7 @@ class QwenGenerator:
             result = self.pipe(
                 prompt=request.prompt,
                 negative_prompt=request.negative_prompt if self._uses_cfg(request) else None,
-                true_cfg_scale=request.guidance_scale,
+                true_cfg_scale=request.guidance_scale if self._uses_cfg(request) else 1.0,
                 height=request.height,
                 width=request.width,
                 num_inference_steps=request.num_inference_steps,
