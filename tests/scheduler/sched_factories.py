@@ -63,9 +63,18 @@ def table_cost(**kw) -> CostModel:
     return CostModel.from_dict(table_profile(**kw))
 
 
-def req(rid: str, arrival: float = 0.0, *, size: int = 512, steps: int = 4, priority: int = 1,
-        slo_ms: float | None = None, cost: CostModel | None = None, scale: float = 3.0,
-        model: str = "qwen-image") -> Request:
+def req(
+    rid: str,
+    arrival: float = 0.0,
+    *,
+    size: int = 512,
+    steps: int = 4,
+    priority: int = 1,
+    slo_ms: float | None = None,
+    cost: CostModel | None = None,
+    scale: float = 3.0,
+    model: str = "qwen-image",
+) -> Request:
     """A square image request; with ``cost`` its deadline is assigned."""
     r = Request(rid, arrival, model, size, size, 1, steps, priority, slo_ms)
     if cost is not None:
@@ -101,8 +110,13 @@ class HandEngine:
 
     def start(self, r: Request, steps_done: int = 0, on_host: bool = False) -> RequestStatus:
         pages = self.cost.pages_for(r, PAGE)
-        status = RequestStatus(r, steps_done, Location.HOST if on_host else Location.DEVICE,
-                               pages, started_at=r.arrival)
+        status = RequestStatus(
+            r,
+            steps_done,
+            Location.HOST if on_host else Location.DEVICE,
+            pages,
+            started_at=r.arrival,
+        )
         self.active[r.id] = status
         return status
 

@@ -13,8 +13,9 @@ from ditmem.scheduler.profiles import load_profile, parse_profile
 
 @pytest.mark.parametrize("name", PROFILE_NAMES)
 def test_every_shipped_profile_loads_and_every_number_has_a_source(name):
-    raw = json.loads(resources.files("ditmem.scheduler").joinpath("profiles", f"{name}.json")
-                     .read_text())
+    raw = json.loads(
+        resources.files("ditmem.scheduler").joinpath("profiles", f"{name}.json").read_text()
+    )
 
     def walk(node, path):
         if isinstance(node, dict) and "value" in node:

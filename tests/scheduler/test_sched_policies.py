@@ -3,7 +3,7 @@
 import pytest
 from sched_factories import PAGE, HandEngine, req, table_cost
 
-from ditmem.scheduler import CostModel, Location, make_policy
+from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.simulator import simulate
 
 
@@ -17,8 +17,11 @@ def run(policy, reqs, cost, **kw):
 
 def test_fifo_runs_to_completion_in_arrival_order():
     cost = table_cost()  # 1 s per step, no encode/decode
-    reqs = [req("A", 0.0, steps=4, cost=cost), req("B", 1.0, steps=1, cost=cost),
-            req("C", 2.0, steps=2, cost=cost)]
+    reqs = [
+        req("A", 0.0, steps=4, cost=cost),
+        req("B", 1.0, steps=1, cost=cost),
+        req("C", 2.0, steps=2, cost=cost),
+    ]
     res = run("fifo", reqs, cost)
     assert finish_times(res) == {"A": 4.0, "B": 5.0, "C": 7.0}
     assert all(r.preemptions == 0 for r in res.records)
@@ -36,8 +39,10 @@ def test_srtf_preempts_only_at_step_boundaries():
 
 def test_slo_runs_earliest_deadline_not_shortest():
     cost = table_cost()
-    reqs = [req("A", 0.0, steps=10, slo_ms=30_000, cost=cost),
-            req("B", 2.5, steps=2, slo_ms=100_000, cost=cost)]
+    reqs = [
+        req("A", 0.0, steps=10, slo_ms=30_000, cost=cost),
+        req("B", 2.5, steps=2, slo_ms=100_000, cost=cost),
+    ]
     res = run("slo", reqs, cost)
     assert finish_times(res) == {"A": 10.0, "B": 12.0}
     srtf = run("srtf", reqs, cost)
