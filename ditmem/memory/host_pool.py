@@ -27,7 +27,7 @@ class HostPool(PageArena):
     ``HostPoolExhausted`` and changes nothing. Size the host pool for the worst case.
     """
 
-    def __init__(self, num_pages: int, page_bytes: int = 1 << 20, *, device=None,
+    def __init__(self, num_pages: int, page_bytes: int = 256 << 10, *, device=None,
                  pin_memory: bool | None = None, prefault: bool = True) -> None:
         if pin_memory is None:
             if device is None:

@@ -36,7 +36,7 @@ class PagePool(PageArena):
     (``can_allocate(n, keep_watermark=True)``).
     """
 
-    def __init__(self, num_pages: int, page_bytes: int = 1 << 20, device="cpu", *,
+    def __init__(self, num_pages: int, page_bytes: int = 256 << 10, device="cpu", *,
                  watermark: float = 0.0, prefault: bool = True) -> None:
         super().__init__(num_pages, page_bytes, device, prefault=prefault)
         if not 0.0 <= watermark < 1.0:
