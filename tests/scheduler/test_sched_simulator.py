@@ -155,3 +155,31 @@ def test_percentiles_and_summary_by_hand():
         "p99_s": None,
     }
     assert s["p50_s"] == pytest.approx(1.5) and s["mean_s"] == pytest.approx(1.5)
+
+
+def test_one_decision_with_64_started_and_10000_waiting_is_fast():
+    import statistics
+    import time
+
+    from ditmem.scheduler import Location, MemoryState, RequestStatus, SchedulerView, WaitingQueue
+
+    cost = CostModel.load("h200")
+    reqs = workload("seed-mix", cost, requests=10_064, seed=0, load=3.0)
+    active = [RequestStatus(r, 3, Location.DEVICE, 1, r.arrival) for r in reqs[:64]]
+    queue = WaitingQueue()
+    for r in reqs[64:]:
+        queue.push(r)
+    view = SchedulerView(active, queue, MemoryState(1000, 900, 64 << 20, 4000), ())
+    now = reqs[-1].arrival
+    for name in ("fifo", "srtf", "slo"):
+        policy = make_policy(name, cost)
+        policy.schedule(now, view)
+        times = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            plan = policy.schedule(now, view)
+            times.append(time.perf_counter() - t0)
+        assert plan.batch
+        # The benchmark (benchmarks/scheduler/overhead.py) checks < 1 ms; 5 ms here because
+        # this shared machine is noisy.
+        assert statistics.median(times) < 5e-3, name
