@@ -99,12 +99,19 @@ class WanAdapter:
         return wan_packed.unembed(self.model, batch)
 
     @torch.no_grad()
-    def prepare(self, requests: list[dict]) -> wan_packed.PackedBatch:
+    def prepare(self, requests: list[dict], boundary: list[torch.Tensor] | None = None,
+                start_block: int = 0) -> wan_packed.PackedBatch:
         """Embed and condition ``requests`` (see :meth:`forward_packed`) without running any
-        block: the start of a step that runs blocks in chunks (``wan_packed.run_blocks``)."""
+        block. To resume a step paused after ``start_block`` blocks, pass ``boundary``: per
+        request the hidden rows ``[S_b, dim]`` that ``PackedBatch.boundary()`` returned."""
         self._check_patched("forward_packed")
         if not requests:
             raise ValueError("requests: empty list (need at least one request)")
+        if not 0 <= start_block <= self.num_blocks or (start_block > 0) != (boundary is not None):
+            raise ValueError(f"start_block: {start_block} needs boundary activations iff > 0 "
+                             f"(num_blocks={self.num_blocks})")
+        if boundary is not None and len(boundary) != len(requests):
+            raise ValueError(f"boundary: {len(boundary)} entries for {len(requests)} requests")
         for i, kw in enumerate(requests):
             missing = {"hidden_states", "timestep"} - kw.keys()
             if missing:
@@ -113,17 +120,24 @@ class WanAdapter:
         if any(cached) and not all(cached):
             raise ValueError("requests: mix cross_kv and encoder_hidden_states in one call")
         if all(cached):
-            caches = [kw["cross_kv"] for kw in requests]
             batch = wan_packed.embed(self.model, requests, None)
-            batch.attention.cached = cached_text_kv(self.model, caches)
-            return batch
-        text = [kw.get("encoder_hidden_states") for kw in requests]
-        for i, e in enumerate(text):
-            if not isinstance(e, torch.Tensor) or e.dim() != 3 or e.shape[0] != 1:
-                shape = tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
-                raise ValueError(f"requests[{i}]['encoder_hidden_states']: expected "
-                                 f"[1, L, text_dim], got {shape}")
-        return wan_packed.embed(self.model, requests, text)
+            batch.attention.cached = cached_text_kv(self.model, [kw["cross_kv"] for kw in requests])
+        else:
+            text = [kw.get("encoder_hidden_states") for kw in requests]
+            for i, e in enumerate(text):
+                if not isinstance(e, torch.Tensor) or e.dim() != 3 or e.shape[0] != 1:
+                    shape = tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__
+                    raise ValueError(f"requests[{i}]['encoder_hidden_states']: expected "
+                                     f"[1, L, text_dim], got {shape}")
+            batch = wan_packed.embed(self.model, requests, text)
+        if boundary is not None:
+            for i, (rows, n) in enumerate(zip(boundary, batch.layout.lengths, strict=True)):
+                if tuple(rows.shape) != (n, batch.hidden.shape[2]):
+                    raise ValueError(f"boundary[{i}]: shape {tuple(rows.shape)}, expected "
+                                     f"({n}, {batch.hidden.shape[2]})")
+            batch.hidden = torch.cat(boundary).to(batch.hidden.dtype).unsqueeze(0)
+            batch.blocks_done = start_block
+        return batch
 
     @torch.no_grad()
     def cache_cross_kv(self, encoder_hidden_states: torch.Tensor, pool) -> WanCrossKV | None:

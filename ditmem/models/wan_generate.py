@@ -8,14 +8,12 @@ Every stage reuses the pipeline's own pieces so that a run equals ``pipeline.__c
 UniPC schedule (per-request history: :mod:`ditmem.models.wan_solver`), the Wan2.2 expert
 switch at ``boundary_ratio``, and the pipeline's de-normalisation, VAE and postprocessing.
 
-State of a request (``RequestState`` names): ``latents [1, C, F, H, W]`` (float32, as the
-pipeline keeps them); the solver history (see wan_solver); cross-attention K/V per expert
-and CFG branch ``cross_kv.<expert>.<branch>.<group>`` (computed once at encode; the text
-embeddings themselves are not kept) — or, with ``cache_cross_kv=False``,
-``prompt_embeds.<branch>`` and K/V recomputed every step. Scalars: ``step``,
-``num_steps``, ``cfg``, ``guidance_scale``, ``experts``, ``text_len``, ``height``,
-``width``, ``num_frames``.
+How a request lives in its ``RequestState`` (tensor names, scalars): :mod:`ditmem.models.
+wan_state`. Cross-attention K/V are computed once at encode (the text embeddings are not
+kept); ``cache_cross_kv=False`` keeps ``prompt_embeds`` and recomputes K/V every step.
 
+``step_blocks`` runs a step in chunks of blocks; between chunks a request's hidden rows
+sit in its pages, so it can be offloaded and resumed in other pages (``step`` = all blocks).
 One ``step`` runs one packed forward per transformer in use (Wan2.1 and Wan2.2 5B: always
 one; Wan2.2 A14B: the high-noise and low-noise expert each get one when the batch holds
 requests on both sides of the boundary), CFG branches as extra segments.
@@ -34,13 +32,15 @@ import numpy as np
 import torch
 
 from ditmem.memory import RequestState, pages_for
+from ditmem.models import wan_state as ws
 from ditmem.models.qwen_generate import to_uint8
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
+from ditmem.models.wan_shapes import WanShapes
 from ditmem.models.wan_solver import SolverSchedules, init_solver, solver_order, unipc_step
 
-CFG = ("cond", "uncond")
+CFG = ws.BRANCHES
 EXPERTS = ("transformer", "transformer_2")
 
 
@@ -59,11 +59,14 @@ class WanGenerator:
         self.adapters = {e: WanAdapter(getattr(pipe, e)) for e in EXPERTS
                          if getattr(pipe, e, None) is not None}
         self.adapter = self.adapters["transformer"]
+        if len({a.num_blocks for a in self.adapters.values()}) != 1:
+            raise ValueError("pipe: transformer and transformer_2 differ in block count")
         self.device = pipe.transformer.device
         self.dtype = pipe.transformer.dtype
         self.max_sequence_length = max_sequence_length
         self.cache_cross_kv = cache_cross_kv
         self.schedules = SolverSchedules(pipe.scheduler, self.device)
+        self.shapes = WanShapes.of(pipe)
         ratio = pipe.config.boundary_ratio
         self.boundary = None if ratio is None else ratio * pipe.scheduler.config.num_train_timesteps
 
@@ -87,29 +90,6 @@ class WanGenerator:
         return cls(pipe, name=name_or_path, **kwargs)
 
     # ---------------------------------------------------------------- requests
-    def _check(self, request: GenerationRequest) -> None:
-        p = self.pipe
-        multiple = p.vae_scale_factor_spatial * p.transformer.config.patch_size[1]
-        for name in ("width", "height"):
-            v = getattr(request, name)
-            if v <= 0 or v % multiple:
-                raise ValueError(f"request.{name}: must be a positive multiple of {multiple}, "
-                                 f"got {v}")
-        temporal = p.vae_scale_factor_temporal
-        if request.num_frames < 1 or request.num_frames % temporal != 1:
-            raise ValueError(f"request.num_frames: must be {temporal}k+1 (1, {temporal + 1}, "
-                             f"{2 * temporal + 1}, ...), got {request.num_frames}")
-        if request.num_inference_steps < 1:
-            raise ValueError("request.num_inference_steps: must be >= 1, got "
-                             f"{request.num_inference_steps}")
-
-    def _latent_shape(self, request: GenerationRequest) -> tuple[int, ...]:
-        p = self.pipe
-        s = p.vae_scale_factor_spatial
-        frames = (request.num_frames - 1) // p.vae_scale_factor_temporal + 1
-        return (1, p.transformer.config.in_channels, frames, request.height // s,
-                request.width // s)
-
     def _experts(self, timesteps: list[float]) -> list[str]:
         """The transformer each step uses (the pipeline's boundary rule)."""
         if self.boundary is None:
@@ -121,8 +101,8 @@ class WanGenerator:
 
     def estimate_pages(self, request: GenerationRequest, page_bytes: int) -> int:
         """Pages of ``page_bytes`` that :meth:`encode` allocates for ``request`` (exact)."""
-        self._check(request)
-        numel = int(np.prod(self._latent_shape(request)))
+        self.shapes.check(request)
+        numel = int(np.prod(self.shapes.latent_shape(request)))
         order = solver_order(self.pipe.scheduler)
         total = (2 + order) * pages_for(numel, (), torch.float32, page_bytes)
         branches = len(self._branches(request))
@@ -141,7 +121,7 @@ class WanGenerator:
     def encode(self, request: GenerationRequest, pool) -> RequestState | None:
         """Text encoding (and cross-attention K/V), seeded initial latents and a fresh solver
         into pages of ``pool``; ``None`` (nothing left allocated) when the pool has no room."""
-        self._check(request)
+        self.shapes.check(request)
         p, branches = self.pipe, self._branches(request)
         cond, uncond = p.encode_prompt(
             prompt=request.prompt, negative_prompt=request.negative_prompt,
@@ -155,7 +135,7 @@ class WanGenerator:
         if not self._store_text(state, embeds, branches, sorted(set(experts))):
             return None
         latents = p.prepare_latents(
-            1, p.transformer.config.in_channels, request.height, request.width,
+            1, self.shapes.channels, request.height, request.width,
             request.num_frames, torch.float32, self.device,
             torch.Generator("cpu").manual_seed(request.seed))
         if state.put("latents", latents) is None or not init_solver(state, p.scheduler, latents):
@@ -165,7 +145,7 @@ class WanGenerator:
             num_steps=request.num_inference_steps, cfg=len(branches) == 2,
             guidance_scale=float(request.guidance_scale), experts=experts,
             text_len=cond.shape[1], height=request.height, width=request.width,
-            num_frames=request.num_frames)
+            num_frames=request.num_frames, block=0, tokens=self.shapes.tokens(request))
         return state
 
     def _store_text(self, state: RequestState, embeds: dict, branches, experts) -> bool:
@@ -201,28 +181,84 @@ class WanGenerator:
             kw["encoder_hidden_states"] = state.get(f"prompt_embeds.{branch}")
         return kw
 
-    @torch.no_grad()
+    @property
+    def num_blocks(self) -> int:
+        """Transformer blocks per step (the finest preemption grain of ``step_blocks``)."""
+        return self.adapter.num_blocks
+
+    def block(self, state: RequestState) -> int:
+        """Next transformer block of the current step (0 between steps)."""
+        return state.scalars["block"]
+
+    def boundary_pages(self, request: GenerationRequest, page_bytes: int) -> int:
+        """Extra pages a request holds while paused inside a step (pure arithmetic)."""
+        self.shapes.check(request)
+        numel = self.shapes.tokens(request) * self.shapes.inner_dim
+        rows = pages_for(numel, (), self.dtype, page_bytes)
+        return len(self._branches(request)) * rows
+
     def step(self, states: list[RequestState]) -> None:
         """One packed forward per transformer in use over all states (CFG branches as extra
-        segments), then each request's guidance and UniPC update, written back to pages."""
+        segments), then each request's guidance and UniPC update, written back to pages.
+        States paused inside a step (all at the same block) finish that step."""
+        self.step_blocks(states, self.num_blocks)
+
+    @torch.no_grad()
+    def step_blocks(self, states: list[RequestState], stop: int) -> bool:
+        """Run blocks ``block .. stop-1`` of the current step for all states (all at the same
+        ``block``), packed. ``stop == num_blocks`` finishes the step (guidance, solver update,
+        boundary pages freed); otherwise each request's hidden rows are saved into its pages
+        (``boundary.hidden.<branch>``) so it can be offloaded and resumed in any pages.
+        Returns ``False`` with nothing changed when a pool has no room for them."""
         self._check_states(states)
+        start = states[0].scalars["block"]
+        if any(s.scalars["block"] != start for s in states):
+            raise ValueError(f"step_blocks: states are at different blocks "
+                             f"{[s.scalars['block'] for s in states]}")
+        if not start < stop <= self.num_blocks:
+            raise ValueError(f"step_blocks: stop={stop} not in ({start}, {self.num_blocks}]")
+        if stop < self.num_blocks and not self._room_for_boundaries(states):
+            return False
         latents = [s.get("latents") for s in states]
-        jobs: dict[str, list[tuple[int, dict]]] = {}
-        for i, (s, lat) in enumerate(zip(states, latents, strict=True)):
-            expert = s.scalars["experts"][s.scalars["step"]]
-            for branch in CFG[: 2 if s.scalars["cfg"] else 1]:
-                jobs.setdefault(expert, []).append((i, self._kwargs(s, lat, expert, branch)))
-        preds: list[list[torch.Tensor]] = [[] for _ in states]
+        jobs: dict[str, list[tuple[RequestState, str, dict]]] = {}
+        for s, lat in zip(states, latents, strict=True):
+            for branch in ws.branches(s):
+                item = (s, branch, self._kwargs(s, lat, ws.expert(s), branch))
+                jobs.setdefault(ws.expert(s), []).append(item)
+        preds = {id(s): [] for s in states}
         for expert, items in jobs.items():
-            outs = self.adapters[expert].forward_packed([kw for _, kw in items])
-            for (i, _), out in zip(items, outs, strict=True):
-                preds[i].append(out)
-        for s, lat, pred in zip(states, latents, preds, strict=True):
-            noise = pred[0]
+            adapter = self.adapters[expert]
+            boundary = None if start == 0 else [ws.load_boundary(s, b) for s, b, _ in items]
+            batch = adapter.prepare([kw for _, _, kw in items], boundary, start)
+            adapter.run_blocks(batch, start, stop)
+            if stop < self.num_blocks:
+                for (s, branch, _), rows in zip(items, batch.boundary(), strict=True):
+                    ws.save_boundary(s, branch, rows)
+                continue
+            for (s, _, _), out in zip(items, adapter.finish(batch), strict=True):
+                preds[id(s)].append(out)
+        if stop < self.num_blocks:
+            for s in states:
+                s.scalars["block"] = stop
+            return True
+        for s, lat in zip(states, latents, strict=True):
+            noise = preds[id(s)][0]
             if s.scalars["cfg"]:
-                noise = pred[1] + s.scalars["guidance_scale"] * (pred[0] - pred[1])
+                cond, uncond = preds[id(s)]
+                noise = uncond + s.scalars["guidance_scale"] * (cond - uncond)
+            ws.drop_boundary(s)
             schedule = self.schedules.get(s.scalars["num_steps"])
             s.put("latents", unipc_step(schedule, s, noise, lat))
+            s.scalars["block"] = 0
+        return True
+
+    def _room_for_boundaries(self, states: list[RequestState]) -> bool:
+        dim = self.shapes.inner_dim
+        need: dict[int, int] = {}
+        pools = {id(s.pool): s.pool for s in states}
+        for s in states:
+            need[id(s.pool)] = need.get(id(s.pool), 0) + ws.new_boundary_pages(s, dim, self.dtype)
+        return all(n <= pools[k].num_free_pages for k, n in need.items())
 
     def _check_states(self, states: list[RequestState]) -> None:
         if not states:
@@ -272,7 +308,7 @@ class WanGenerator:
     def reference(self, request: GenerationRequest, output: str = "video"):
         """The stock pipeline's ``__call__`` (original processors) for ``request``:
         ``uint8 [F, H, W, 3]``, or with ``output="latents"`` the final latents."""
-        self._check(request)
+        self.shapes.check(request)
         if output not in ("video", "latents"):
             raise ValueError(f"output: must be 'video' or 'latents', got {output!r}")
         for a in self.adapters.values():

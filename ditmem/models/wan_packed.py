@@ -45,6 +45,11 @@ class PackedBatch:
     attention: PackedAttention
     blocks_done: int = 0
 
+    def boundary(self) -> list[torch.Tensor]:
+        """Per request, its hidden rows ``[S_b, dim]`` at the current block boundary (views):
+        everything a step paused here cannot cheaply recompute."""
+        return self.layout.split(self.hidden[0])
+
 
 def _timestep_rows(timestep, num_tokens: int) -> torch.Tensor:
     """A request's timesteps as a 1-D tensor: 1 row (scalar) or ``num_tokens`` rows."""
@@ -93,15 +98,18 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
         steps.append(t)
     hidden = torch.cat(tokens).unsqueeze(0).contiguous()
     layout = PackedLayout.build([t.shape[0] for t in tokens], device=hidden.device)
-    temb, proj = _condition(model, torch.cat(steps), hidden.dtype)
+    # Conditioning per request (not one batched MLP): a request's modulation then does not
+    # depend on which requests share the batch (BLAS may pick other kernels for other M).
+    temb, proj = (torch.cat(parts) for parts in zip(
+        *(_condition(model, t, hidden.dtype) for t in steps), strict=True))
     token_rows = None if proj.shape[0] == 1 else torch.cat(rows).to(hidden.device)
     rope = RopeTable.from_wan(torch.cat(cos), torch.cat(sin))
     attention = PackedAttention(layout=layout, rope=rope)
     if text is not None:
-        lengths = [e.shape[1] for e in text]
-        packed_text = torch.cat([e[0] for e in text]).unsqueeze(0).to(hidden.dtype)
-        attention.text = model.condition_embedder.text_embedder(packed_text)
-        attention.text_layout = PackedLayout.build(lengths, device=hidden.device)
+        embedder = model.condition_embedder.text_embedder
+        attention.text = torch.cat([embedder(e.to(hidden.dtype)) for e in text], dim=1)
+        attention.text_layout = PackedLayout.build([e.shape[1] for e in text],
+                                                   device=hidden.device)
     return PackedBatch(hidden, layout, grids, temb, proj, token_rows, attention)
 
 

@@ -1,0 +1,66 @@
+"""How a Wan request lives in a ``ditmem.memory.RequestState`` between steps (and between
+chunks of blocks inside a step).
+
+Tensors (``<branch>`` is ``cond``, plus ``uncond`` when CFG runs; ``<expert>`` is
+``transformer`` or, for Wan2.2 A14B, ``transformer_2``):
+
+* ``latents [1, C, F, H, W]`` float32, as the pipeline keeps them;
+* ``solver.model_outputs.<k>``, ``solver.last_sample`` — UniPC history
+  (:mod:`ditmem.models.wan_solver`);
+* ``cross_kv.<expert>.<branch>.<group>`` — cached text K/V pages
+  (:mod:`ditmem.models.wan_kv_cache`), or ``prompt_embeds.<branch> [1, L, text_dim]`` when
+  the generator recomputes K/V;
+* ``boundary.hidden.<branch> [S, dim]`` — only while paused inside a step
+  (``scalars["block"] > 0``): the hidden rows after ``block`` transformer blocks. RoPE,
+  modulation and text K/V are recomputed or cached, so nothing else is needed to resume.
+
+Scalars: ``step``, ``block``, ``num_steps``, ``cfg``, ``guidance_scale``, ``experts`` (the
+transformer of every step), ``text_len``, ``height``, ``width``, ``num_frames``, ``tokens``
+(video tokens per branch), plus the solver's (see wan_solver).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ditmem.memory import RequestState, pages_for
+
+BRANCHES = ("cond", "uncond")
+
+
+def branches(state: RequestState) -> tuple[str, ...]:
+    """The CFG branches the request runs."""
+    return BRANCHES if state.scalars["cfg"] else BRANCHES[:1]
+
+
+def expert(state: RequestState) -> str:
+    """The transformer the request's current step uses."""
+    return state.scalars["experts"][state.scalars["step"]]
+
+
+def boundary_name(branch: str) -> str:
+    return f"boundary.hidden.{branch}"
+
+
+def new_boundary_pages(state: RequestState, dim: int, dtype: torch.dtype) -> int:
+    """Pages that saving the request's boundary rows would newly allocate (0 once saved)."""
+    per_branch = pages_for(state.scalars["tokens"] * dim, (), dtype, state.pool.page_bytes)
+    return sum(per_branch for b in branches(state) if boundary_name(b) not in state)
+
+
+def save_boundary(state: RequestState, branch: str, hidden: torch.Tensor) -> None:
+    """Store one branch's hidden rows ``[S, dim]``; RuntimeError if the pool is out of room
+    (callers check :func:`new_boundary_pages` first)."""
+    if state.put(boundary_name(branch), hidden) is None:
+        raise RuntimeError(f"save_boundary: no room for {boundary_name(branch)} of {state}")
+
+
+def load_boundary(state: RequestState, branch: str) -> torch.Tensor:
+    return state.get(boundary_name(branch))
+
+
+def drop_boundary(state: RequestState) -> None:
+    """Free the boundary rows (after the step finished)."""
+    for branch in branches(state):
+        if boundary_name(branch) in state:
+            state.delete(boundary_name(branch))
