@@ -13,25 +13,31 @@ import json
 import time
 
 from ditmem.engine.report import comparison_table, run_summary
+from ditmem.engine.threads import add_threads_argument, set_torch_threads
+
+#: The cpu-tiny profile measured on the development machine by ``ditmem profile``.
+DEFAULT_PROFILE = "benchmarks/serving/cpu-tiny-measured.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image")
-    p.add_argument("--profile", default="cpu-tiny",
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
                    help="cost-model profile (name or JSON from `ditmem profile`)")
     p.add_argument("--workload", default="seed-mix")
     p.add_argument("--load", type=float, default=0.8, help="target load rho")
     p.add_argument("--requests", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arrival", default="poisson", help="poisson | gamma:CV")
-    p.add_argument("--divisor", type=int, default=2,
-                   help="pixel divisor from the GPU shapes (2: 512->256, 1024->512, 2048->1024)")
+    p.add_argument("--divisor", type=int, default=8,
+                   help="pixel divisor from the GPU shapes (8: 512->64, 1024->128, "
+                        "2048->256; see docs/results/serving.md for why not 2)")
     p.add_argument("--policies", default="fifo,slo")
     p.add_argument("--pool-mb", type=float, default=64.0)
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_argument(p)
 
 
 def build_trace(args, cost):
@@ -92,6 +98,7 @@ def main(args) -> int:
     from ditmem.engine.replay import replay
     from ditmem.scheduler import CostModel
 
+    set_torch_threads(args.threads)
     started = time.perf_counter()
     gen = models.load(args.model)
     model_key = scheduler_model(args.model, gen)

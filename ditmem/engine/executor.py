@@ -7,6 +7,9 @@ request so the others still advance (the generator writes nothing back when a st
 
 from __future__ import annotations
 
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
 from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import GenerationResult, RequestCancelled, RequestFailed
 from ditmem.engine.stages import Stages, state_pages
@@ -34,17 +37,31 @@ class PlanExecutor:
         self.active: dict[str, Job] = {}     # started jobs, in admission order
         self.last_batch: tuple[str, ...] = ()
         self.stats = EngineStats()
+        # decode off the step loop (a worker thread), results handed back through a queue
+        workers = engine.decode_workers
+        self.decoder = ThreadPoolExecutor(workers, "ditmem-decode") if workers else None
+        self.decoding: dict[str, Job] = {}
+        self.decoded: queue.SimpleQueue = queue.SimpleQueue()
 
     def has_work(self) -> bool:
-        return bool(self.jobs or self.active)
+        return bool(self.jobs or self.active or self.decoding)
 
     # ------------------------------------------------------------------ intake
     def take_intake(self) -> None:
+        while not self.decoded.empty():
+            job, output, error = self.decoded.get()
+            del self.decoding[job.id]
+            if job.cancel_reason is not None:
+                error = RequestCancelled(f"{job.id}: {job.cancel_reason}")
+            self.finish(job, output=output, error=error)
         new, cancels = self.engine.intake.take()
         for job in new:
             self.jobs[job.id] = job
             self.waiting.push(job.sched)
         for job_id, reason in cancels:
+            if job_id in self.decoding:  # finishes decoding first, then is dropped
+                self.decoding[job_id].cancel_reason = reason
+                continue
             job = self.jobs.get(job_id) or self.active.get(job_id)
             if job is not None:
                 self.finish(job, error=RequestCancelled(f"{job_id}: {reason}"))
@@ -156,7 +173,9 @@ class PlanExecutor:
         report.step_s = seconds
         self.engine._notify_step(seconds, len(stepped))
         for job in stepped:
-            if self.stages.is_done(job):
+            if self.stages.is_done(job) and self.decoder is not None:
+                self._decode_async(job, report)
+            elif self.stages.is_done(job):
                 try:
                     output = self.stages.decode(job)
                 except Exception as exc:  # noqa: BLE001
@@ -165,6 +184,23 @@ class PlanExecutor:
                 report.decode_s += job.timing.decode_s
                 report.finished.append(job.id)
                 self.finish(job, output=output)
+
+    def _decode_async(self, job: Job, report: StepReport) -> None:
+        """Hand a finished job to the decode thread; it keeps its pages until delivered."""
+        del self.active[job.id]
+        self.decoding[job.id] = job
+        report.finished.append(job.id)
+        intake = self.engine.intake
+
+        def run():
+            try:
+                out, err = self.stages.decode(job), None
+            except Exception as exc:  # noqa: BLE001
+                out, err = None, RequestFailed(f"{job.id}: decode failed: {exc!r}")
+            self.decoded.put((job, out, err))
+            intake.signal()
+
+        self.decoder.submit(run)
 
     def _count_preemptions(self, stepped: list[str]) -> None:
         """A request that stepped last iteration, is unfinished, and did not step now."""
@@ -209,6 +245,7 @@ class PlanExecutor:
     def publish(self) -> None:
         s = self.stats.copy()
         s.running = sum(1 for j in self.active.values() if j.id in self.last_batch)
+        s.running += len(self.decoding)
         s.paused = sum(1 for j in self.active.values() if j.id not in self.last_batch)
         s.offloaded = sum(1 for j in self.active.values() if j.status.location is Location.HOST)
         s.pages_used = self.engine.pool.num_used_pages
@@ -217,5 +254,7 @@ class PlanExecutor:
         self.engine.intake.publish(s)
 
     def close(self) -> None:
+        if self.decoder is not None:
+            self.decoder.shutdown(wait=True)
         self.publish()
         self.offloader.close()

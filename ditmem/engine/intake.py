@@ -26,6 +26,7 @@ class Intake:
         self.stats = EngineStats()
         self.draining = False
         self.stopping = False
+        self.signals = 0
 
     def push(self, job: Job, max_queued: int) -> bool:
         """Queue a job unless ``max_queued`` jobs are already waiting; False when full."""
@@ -55,11 +56,18 @@ class Intake:
             self.new, self.cancels = [], []
             return new, cancels
 
+    def signal(self) -> None:
+        """Wake the engine thread for an event outside the intake (a decode finished)."""
+        with self.lock:
+            self.signals += 1
+            self.wake.notify()
+
     def wait(self, timeout: float | None) -> None:
         """Block the engine thread until something arrives or ``timeout`` passes."""
         with self.lock:
-            if not (self.new or self.cancels or self.stopping):
+            if not (self.new or self.cancels or self.stopping or self.signals):
                 self.wake.wait(timeout)
+            self.signals = 0
 
     def forget(self, job: Job, *, started: bool) -> None:
         """A job finished (any outcome). ``started`` False when it left while still queued."""

@@ -35,13 +35,16 @@ class Engine:
     policy predicts with); ``pool``/``host``: the device ``PagePool`` and the ``HostPool``
     offload target; ``model``: the scheduler's model key (e.g. "qwen-image");
     ``max_active``: most started requests (running + paused) at once; ``max_queued``: most
-    requests waiting to start before submit raises ``QueueFull``.
+    requests waiting to start before submit raises ``QueueFull``; ``decode_workers``: 0
+    decodes on the engine thread right after the last step (what the simulator models),
+    n > 0 decodes on n worker threads while the step loop goes on (the request keeps its
+    pages until its output is delivered).
     """
 
     def __init__(self, generator, policy, cost, pool, host, *, model: str = "qwen-image",
                  max_active: int = 64, max_queued: int = 256, clock=time.perf_counter,
                  offload_mode: str = "auto", idle_wait_s: float = 0.05,
-                 slo_scale: float = 3.0):
+                 slo_scale: float = 3.0, decode_workers: int = 0):
         self.gen, self.policy, self.cost = generator, policy, cost
         self._exact = cost if hasattr(cost, "register") else None
         self.pool, self.host, self.model = pool, host, model
@@ -49,6 +52,7 @@ class Engine:
         self.clock = clock
         self.idle_wait_s = idle_wait_s
         self.slo_scale = slo_scale
+        self.decode_workers = decode_workers
         self.intake = Intake()
         self.executor = PlanExecutor(self, offload_mode)
         self._listeners: list = []

@@ -17,6 +17,8 @@ import json
 import statistics
 import time
 
+from ditmem.engine.threads import add_threads_argument, set_torch_threads
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image")
@@ -31,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workspace + pool)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--max-batch", type=int, default=4)
+    add_threads_argument(p)
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -130,10 +133,11 @@ def main(args) -> int:
     from ditmem import models
     from ditmem.memory import PagePool
 
+    set_torch_threads(args.threads)
     gen = models.load(args.model)
     sides = [int(s) for s in args.sides.split(",")]
     batches = sorted({int(b) for b in args.batches.split(",")})
-    pool = PagePool(max(16, int(8 * 2**30) // (args.page_kb * 1024)), args.page_kb * 1024)
+    pool = PagePool(max(16, int(256 * 2**20) // (args.page_kb * 1024)), args.page_kb * 1024)
     print(f"profiling {args.model}: sides {sides}, batches {batches}")
     m = measure(gen, sides, batches, args.repeats, pool)
     weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()

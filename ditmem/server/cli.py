@@ -10,6 +10,7 @@ import argparse
 import os
 
 from ditmem.engine.factory import EngineConfig, build_engine
+from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
 from ditmem.server.schemas import Limits
 
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-size", default="256x256")
     p.add_argument("--default-steps", type=int, default=28)
     p.add_argument("--log-level", default="info")
+    add_threads_argument(p)
 
 
 def engine_config(args) -> EngineConfig:
@@ -47,6 +49,7 @@ def engine_config(args) -> EngineConfig:
 def main(args) -> int:
     from ditmem.server.runner import serve
 
+    set_torch_threads(args.threads)
     engine = build_engine(engine_config(args)).start()
     config = ServerConfig(model_name=args.model, api_key=args.api_key,
                           default_size=args.default_size, default_steps=args.default_steps,
