@@ -64,8 +64,10 @@ class SloPolicy(Policy):
         cost,
         *,
         forecast: bool = True,
+        forecast_by_priority: bool = False,
         give_up_power: float = 2.0,
         protect: float = 0.0,
+        urgency0: float = 1.0,
         beta: float | None = None,
         headroom: float = 0.0,
         min_gain: float = 0.1,
@@ -75,8 +77,10 @@ class SloPolicy(Policy):
     ):
         super().__init__(cost)
         self.forecast = ArrivalForecast() if forecast else None
+        self.forecast_by_priority = forecast_by_priority
         self.give_up_power = give_up_power
         self.protect = protect
+        self.urgency0 = urgency0
         self.beta = beta
         self.headroom = headroom
         self.min_gain = min_gain
@@ -98,9 +102,16 @@ class SloPolicy(Policy):
         rem = (req.steps - steps_done) * tau + dec + (enc if steps_done == 0 else 0.0)
         return _Cand(item, req, rem, tau, tokens)
 
+    def _order_deadline(self, req: Request) -> float:
+        """The deadline used for ordering: priority 0 is ordered as if due after only
+        ``urgency0`` of its SLO window (feasibility is still checked on real deadlines)."""
+        if req.priority == 0 and self.urgency0 != 1.0:
+            return req.arrival + self.urgency0 * (req.deadline - req.arrival)
+        return req.deadline
+
     def _key(self, c: _Cand) -> float:
         if self.beta is None:
-            return c.req.deadline
+            return self._order_deadline(c.req)
         return c.req.arrival + self.beta * c.rem * 2.0 / c.req.weight
 
     def _candidates(self, view: SchedulerView) -> list[_Cand]:
@@ -116,7 +127,7 @@ class SloPolicy(Policy):
         ``priority``: future arrivals that could outrank it are expected to take their share."""
         cap = delta * (1.0 - self.headroom)
         if self.forecast is not None:
-            outrank = priority if self.give_up_power > 0 else 2
+            outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
         return cap
 
@@ -128,7 +139,7 @@ class SloPolicy(Policy):
             c.late = now + c.rem > c.req.deadline
             if not c.late:
                 ontime.append(c)
-        ontime.sort(key=lambda c: (c.req.deadline, c.req.arrival))
+        ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
         heap: list[tuple[float, int, _Cand]] = []
         work = 0.0
         for n, c in enumerate(ontime):

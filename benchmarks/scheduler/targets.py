@@ -1,0 +1,190 @@
+"""The scheduler's targets, measured: seed-mix on h200 at ρ = 0.8 (2,000 requests, 5 seeds)
+under fifo, srtf and slo, with the offline bound, goodput by bisection, other workloads,
+bursty arrivals, other devices and ablations of slo. Writes JSON and prints tables.
+
+    python benchmarks/scheduler/targets.py [--quick] [--json OUT] [--plot OUT.png]
+
+--quick: 300 requests, 2 seeds, no goodput bisection (a smoke run, ~1 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ditmem.scheduler import CostModel
+from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+from ditmem.scheduler.experiment import Scenario, goodput, plot_sweep, run_point
+
+POLICIES = ("fifo", "srtf", "slo")
+ABLATIONS = {
+    "slo": {},
+    "slo-no-batching": {"batching": False},
+    "slo-no-forecast": {"forecast": False},
+    "slo-unweighted-give-up": {"give_up_power": 0.0},
+    "slo-urgency0=0.7": {"urgency0": 0.7},
+    "slo-protect=0.5,power=4": {"protect": 0.5, "give_up_power": 4.0},
+    "slo-srpt-guarded(beta=1)": {"beta": 1.0},
+}
+
+
+def line(r: dict, label: str | None = None) -> str:
+    pp = r["per_priority"]
+    p = [pp[k]["slo_attainment"] for k in ("0", "1", "2")]
+    att = " ".join(f"{100 * x:6.2f}" if x is not None else "     -" for x in p)
+    return (
+        f"{label or r['policy']:<26} {r['workload']:<15} {r['device']:<11} "
+        f"{r['arrival']:<9} {r['load']:4.2f} {100 * r['slo_attainment']:7.2f} {att} "
+        f"{r['p50_s']:8.2f} {r['p95_s']:8.2f} {r['p99_s']:8.2f} {r['preemptions']:5.2f}"
+    )
+
+
+HEAD = (
+    f"{'policy':<26} {'workload':<15} {'device':<11} {'arrival':<9} {'load':>4} "
+    f"{'att%':>7} {'p0%':>6} {'p1%':>6} {'p2%':>6} {'P50 s':>8} {'P95 s':>8} "
+    f"{'P99 s':>8} {'preem':>5}"
+)
+
+
+def bound_row(sc: Scenario, load: float) -> dict:
+    total = lower = clair = 0
+    for seed in sc.seeds:
+        reqs = sc.requests_for(load, seed)
+        total += len(reqs)
+        lower += min_misses(reqs, sc.cost)
+        clair += clairvoyant_misses(reqs, sc.cost)
+    return {
+        "workload": sc.name(),
+        "device": sc.cost.name,
+        "arrival": sc.arrival,
+        "load": load,
+        "requests": total,
+        "bound_max_attainment": 1 - lower / total,
+        "clairvoyant_attainment": 1 - clair / total,
+    }
+
+
+def bound_goodput(sc: Scenario, lo: float = 0.05, hi: float = 1.2, tol: float = 0.01) -> float:
+    """Highest load at which the offline bound still allows 99 % attainment."""
+
+    def ok(load):
+        return bound_row(sc, load)["bound_max_attainment"] >= 0.99
+
+    if not ok(lo):
+        return 0.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return round(lo, 4)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default="benchmarks/scheduler/results/targets.json")
+    ap.add_argument("--plot", default="benchmarks/scheduler/results/seed_mix_sweep.png")
+    args = ap.parse_args(argv)
+    n, seeds = (300, (0, 1)) if args.quick else (2000, (0, 1, 2, 3, 4))
+    out: dict = {
+        "requests_per_seed": n,
+        "seeds": list(seeds),
+        "main": [],
+        "bound": [],
+        "goodput": {},
+        "other": [],
+        "ablations": [],
+        "sweep": [],
+    }
+    t0 = time.time()
+    h200 = CostModel.load("h200")
+
+    def sc(workload="seed-mix", cost=h200, arrival="poisson", requests=n, options=None):
+        return Scenario(
+            cost=cost,
+            workload=workload,
+            requests=requests,
+            arrival=arrival,
+            seeds=seeds,
+            policy_options=options or {},
+        )
+
+    def say(*a):
+        print(*a, flush=True)
+
+    say("== seed-mix, h200, poisson, load 0.8 ==")
+    say(HEAD)
+    main_sc = sc()
+    for p in POLICIES:
+        r = run_point(main_sc, p, 0.8)
+        out["main"].append(r)
+        say(line(r))
+    b = bound_row(main_sc, 0.8)
+    out["bound"].append(b)
+    say(
+        f"offline bound: any policy <= {100 * b['bound_max_attainment']:.2f} %; clairvoyant "
+        f"EDF-with-give-up {100 * b['clairvoyant_attainment']:.2f} %"
+    )
+    fifo95 = out["main"][0]["p95_s"]
+    say(
+        f"P95 slo / fifo = {out['main'][2]['p95_s'] / fifo95:.3f}; "
+        f"srtf / fifo = {out['main'][1]['p95_s'] / fifo95:.3f}"
+    )
+
+    if not args.quick:
+        say("== goodput (highest load with >= 99 % attainment), seed-mix h200 poisson ==")
+        for p in POLICIES:
+            out["goodput"][p] = goodput(main_sc, p)
+            say(f"goodput {p}: {out['goodput'][p]:.3f}")
+        out["goodput"]["offline-bound"] = bound_goodput(main_sc)
+        say(f"goodput allowed by the offline bound: {out['goodput']['offline-bound']:.3f}")
+        say("== sweep ==")
+        for load in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+            for p in POLICIES:
+                out["sweep"].append(run_point(main_sc, p, load))
+        plot_sweep(out["sweep"], args.plot, "seed-mix on h200, Poisson arrivals, 5 seeds")
+
+    say("== other workloads, arrivals and devices (load 0.8) ==")
+    say(HEAD)
+    others = [
+        sc("omni-mix"),
+        sc("omni-preempt", requests=None),
+        sc("omni-preempt", requests=n),
+        sc(arrival="gamma:2"),
+        sc(arrival="gamma:4"),
+        sc(cost=CostModel.load("a100")),
+        sc(cost=CostModel.load("ascend-910b")),
+        sc("wan-mix", requests=n // 4),
+        sc("wan-mix", cost=CostModel.load("h100"), requests=n // 4),
+        sc("video-image-mix", requests=n // 2),
+    ]
+    for s in others:
+        for p in POLICIES:
+            r = run_point(s, p, 0.8)
+            out["other"].append(r)
+            say(line(r))
+        b = bound_row(s, 0.8)
+        out["bound"].append(b)
+        say(
+            f"   bound <= {100 * b['bound_max_attainment']:.2f} %, clairvoyant "
+            f"{100 * b['clairvoyant_attainment']:.2f} %"
+        )
+
+    say("== ablations of slo (seed-mix, h200, poisson, 0.8) ==")
+    say(HEAD)
+    for label, opts in ABLATIONS.items():
+        r = run_point(sc(options={"slo": opts}), "slo", 0.8)
+        r["label"] = label
+        r["options"] = opts
+        out["ablations"].append(r)
+        say(line(r, label))
+    out["wall_s"] = time.time() - t0
+    with open(args.json, "w") as fh:
+        json.dump(out, fh, indent=1)
+    say(f"json: {args.json}  ({out['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
