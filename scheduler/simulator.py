@@ -11,6 +11,9 @@ from .policies.base import Policy
 from .queue import WaitingQueue
 from .request import Location, Request, RequestStatus
 
+#: Plans that only move memory (no step) allowed in a row before the run is declared stuck.
+MAX_MOVES_WITHOUT_STEP = 1000
+
 
 class PlanError(RuntimeError):
     """A policy returned a plan the engine could not execute (names the broken rule)."""
@@ -127,7 +130,7 @@ def simulate(
             policy.cost.assign_deadline(r, slo_scale)
     eng = _Engine(truth, pending[0].model, page_bytes, device_pages)
     records: list[Record] = []
-    now, nxt, iterations, busy = 0.0, 0, 0, 0.0
+    now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
     last_batch: tuple[str, ...] = ()
     batch_sizes: dict[int, int] = {}
     total = len(pending)
@@ -145,6 +148,12 @@ def simulate(
             now = max(now, pending[nxt].arrival)
             last_batch = ()
             continue
+        idle_moves = 0 if plan.batch else idle_moves + 1
+        if idle_moves > MAX_MOVES_WITHOUT_STEP:
+            raise PlanError(
+                f"policy {policy.name!r} moved memory {idle_moves} times in a row without "
+                f"running a step (t={now:.3f}s)"
+            )
         pre, _ = eng.execute(plan, truth)
         encode = 0.0
         for rid in plan.admit:

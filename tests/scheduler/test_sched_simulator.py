@@ -5,7 +5,7 @@ import random
 import pytest
 from sched_factories import PAGE, req, table_cost
 
-from ditmem.scheduler import CostModel, Policy, StepPlan, make_policy
+from ditmem.scheduler import CostModel, Location, Policy, StepPlan, make_policy
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses
 from ditmem.scheduler.metrics import percentile, summarize
 from ditmem.scheduler.simulator import PlanError, simulate
@@ -103,6 +103,14 @@ class _Bad(Policy):
         (lambda v: StepPlan(batch=["nope"]), "not an active request"),
         (lambda v: StepPlan(), "stalled"),
         (lambda v: StepPlan(offload=[v.active[0].id], batch=[v.active[0].id]), "on the host"),
+        (
+            lambda v: (
+                StepPlan(offload=[v.active[0].id])
+                if v.active[0].location is Location.DEVICE
+                else StepPlan(restore=[v.active[0].id])
+            ),
+            "without running a step",
+        ),
     ],
 )
 def test_invalid_plans_raise_plan_error(plan, message):
@@ -161,7 +169,7 @@ def test_one_decision_with_64_started_and_10000_waiting_is_fast():
     import statistics
     import time
 
-    from ditmem.scheduler import Location, MemoryState, RequestStatus, SchedulerView, WaitingQueue
+    from ditmem.scheduler import MemoryState, RequestStatus, SchedulerView, WaitingQueue
 
     cost = CostModel.load("h200")
     reqs = workload("seed-mix", cost, requests=10_064, seed=0, load=3.0)
