@@ -159,13 +159,16 @@ def measure_overlap(tensors, page_bytes, repeats, rng) -> dict:
         state.put(key, x, row_ndim=row_ndim)
     a = torch.randn(384, 384)
 
-    def compute():
-        for _ in range(40):
+    def compute():  # about as long as one direction of the transfer on this machine
+        for _ in range(iters):
             a @ a
 
     def transfer():
         state.offload(eng)
         state.restore(eng)
+
+    one = min(timed(lambda: a @ a, cold=False) for _ in range(20))
+    iters = max(1, round(min(timed(transfer, cold=False) for _ in range(3)) / 2 / one))
 
     def both():
         h = state.start_offload(eng)
@@ -175,15 +178,17 @@ def measure_overlap(tensors, page_bytes, repeats, rng) -> dict:
         compute()
         eng.finish_restore(h)
 
-    t_c, t_t, t_b = [], [], []
-    for _ in range(repeats + 1):
-        for fn, out in ((compute, t_c), (transfer, t_t), (both, t_b)):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    c, t, b = (statistics.median(x[1:]) for x in (t_c, t_t, t_b))
+    t_c, t_t, t_b, hidden = [], [], [], []
+    for i in range(repeats + 1):
+        c, t, b = (timed(fn, cold=False) for fn in (compute, transfer, both))
+        if i:
+            t_c.append(c)
+            t_t.append(t)
+            t_b.append(b)
+            hidden.append((2 * c + t - b) / t)  # share of the transfer hidden by compute
+    c, t, b = (statistics.median(x) for x in (t_c, t_t, t_b))
+    hidden = statistics.median(hidden)
     eng.close()
-    hidden = (2 * c + t - b) / t  # share of the transfer hidden behind compute
     return {"state": "overlap (thread)", "data_mb": nbytes / 1e6, "compute_ms": 2 * c * 1e3,
             "transfer_ms": t * 1e3, "both_ms": b * 1e3, "hidden_share": hidden}
 
@@ -220,7 +225,7 @@ def main(argv=None) -> int:
           f"{repeats}; torch threads {torch.get_num_threads()}")
     print_table(rows, ["state", "cache", "mode", "page_kib", "data_mb", "page_mb", "ours_ms",
                        "raw_copy_ms", "ours_gb_s", "raw_gb_s", "ratio", "ratio_kernel"])
-    ov = measure_overlap(states["qwen-1024"], 1 << 20, repeats, rng)
+    ov = measure_overlap(states[f"wan-720p/{layers}L"], 256 << 10, repeats, rng)
     print()
     print_table([ov], ["state", "data_mb", "compute_ms", "transfer_ms", "both_ms",
                        "hidden_share"])
