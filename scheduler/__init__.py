@@ -48,8 +48,23 @@ The policy guarantees: batch members share one model and number at most
 done; nothing that arrived is ever dropped (a request that can no longer meet its deadline
 still runs to completion). Policies see only what the engine shows them (never the future).
 
-Simulation: ``simulate(requests, policy, cost)`` replays the same loop as a discrete-event
-simulation; ``workload(name, ...)`` makes the named workloads; ``summarize`` the metrics.
+Cost model feedback: ``policy.observe(report)`` forwards to ``cost.observe(report)``, which
+keeps a per-model correction factor (EWMA of measured / predicted step time), so a profile
+that is off by a constant converges to the device's real speed. ``ditmem profile`` writes a
+measured profile in the format documented in ``ditmem.scheduler.profiles`` (kind "table").
+
+Requests leave the policy's view when the engine removes them: a cancelled waiting request
+is ``waiting.remove(id)``; a cancelled started one is dropped from ``active`` (and its pages
+freed) — the next ``schedule`` simply no longer sees it.
+
+Simulation and analysis (same objects, no engine):
+``workload(name, cost, load=, requests=, seed=, arrival="poisson"|"gamma:CV", scale=)``
+(``ditmem.scheduler.workloads``) makes the named workloads; ``simulate(requests, policy)``
+(``.simulator``) replays the loop as a deterministic discrete-event simulation;
+``summarize(records)`` (``.metrics``) gives attainment, P50/P95/P99/mean, per priority;
+``min_misses`` / ``clairvoyant_misses`` (``.bound``) bound what any policy can reach;
+``run_point`` / ``goodput`` (``.experiment``) and the ``ditmem sim`` CLI (``.cli``) tie them
+together.
 """
 
 from .cost import DEFAULT_PAGE_BYTES, CostModel

@@ -122,10 +122,11 @@ class SloPolicy(Policy):
             out.append(self._cand(r, r, 0))
         return out
 
-    def _capacity(self, delta: float, now: float, priority: int) -> float:
+    def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
-        ``priority``: future arrivals that could outrank it are expected to take their share."""
-        cap = delta * (1.0 - self.headroom)
+        ``priority``: future arrivals that could outrank it are expected to take their share,
+        and a ``margin`` fraction is kept spare."""
+        cap = delta * (1.0 - margin)
         if self.forecast is not None:
             outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
@@ -154,7 +155,9 @@ class SloPolicy(Policy):
         for c in ontime:
             c.guard = guard
             work += c.rem
-            c.slack = self._capacity(c.req.deadline - now, now, c.req.priority) - work
+            c.slack = (
+                self._capacity(c.req.deadline - now, now, c.req.priority, self.headroom) - work
+            )
             guard = min(guard, c.slack)
         return ontime
 
