@@ -1,18 +1,19 @@
 """Everything one request carries between denoising steps, as named paged tensors + scalars.
 
 A ``RequestState`` is generic: it stores any tensor under any name. The model adapters use
-these conventional names (``<branch>`` is ``cond`` or ``uncond`` for the CFG branches):
+these conventional names (``<branch>`` is ``cond`` or ``uncond`` for the CFG branches; see
+``ditmem.models.qwen_state`` / ``wan_state`` for the exact sets):
 
 * ``latents`` — the current latents.
 * ``prompt_embeds.<branch>``, ``prompt_mask.<branch>`` — text encoder output and its mask.
-* ``solver.<name>`` — solver tensors (e.g. UniPC history ``solver.model_outputs.0``); plain
-  solver numbers (step index, sigmas as floats) go in ``scalars`` (e.g. ``scalars["step"]``).
-* ``cross_k.<layer>.<branch>``, ``cross_v.<layer>.<branch>`` — cached cross-attention K/V
-  (Wan), stored with ``row_ndim=2`` so rows are tokens ``[heads, head_dim]`` and kernels can
-  read them through ``paged(name)``.
+* ``solver.<name>`` — solver tensors (UniPC history ``solver.model_outputs.<k>``,
+  ``solver.last_sample``); plain solver numbers (step index, sigmas as floats) go in
+  ``scalars`` (``scalars["step"]``).
+* ``cross_kv.<expert>.<branch>.<group>`` — cached Wan cross-attention K/V, put as a
+  ``PagedTensor`` with rows ``[heads, head_dim]`` that kernels read through ``paged(name)``.
 * ``cache.<name>`` — optional step-cache residuals.
-* ``boundary.hidden``, ``boundary.encoder_hidden``, ``boundary.temb`` — block-boundary
-  activations when a request is paused inside a step (``scalars["block"]`` = next block).
+* ``boundary.hidden.<branch>``, ``boundary.encoder_hidden.<branch>`` — block-boundary
+  activations while a request is paused inside a step (``scalars["block"]`` = next block).
 
 By default a tensor is stored element by element (``row_shape=()``), which packs densely
 and fits any page size; ``row_ndim=k`` keeps the last ``k`` dims as one row instead.

@@ -1,7 +1,11 @@
 """RequestState: named tensors + scalars, bit-exact round trip through the host."""
 
+import math
+
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
 from ditmem.memory import HostPool, OffloadEngine, PagePool, RequestState, TensorState
 
@@ -70,3 +74,45 @@ def test_put_overwrites_in_place_or_reallocates():
     assert len(s) == 0 and pool.num_free_pages == 16
     with pytest.raises(KeyError, match="latents"):
         s.get("latents")
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.uint8]
+
+
+@st.composite
+def named_tensors(draw):
+    out = {}
+    for i in range(draw(st.integers(1, 5))):
+        shape = tuple(draw(st.lists(st.integers(0, 9), min_size=0, max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        seed = draw(st.integers(0, 2**16))
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(0, 2**15, shape, generator=g)
+        x = x.to(torch.float32).div(7).to(dtype) if dtype.is_floating_point else x.to(dtype)
+        row_ndim = draw(st.integers(0, len(shape))) if shape else None
+        if row_ndim is not None and not 0 < math.prod(shape[len(shape) - row_ndim:]) * \
+                dtype.itemsize <= 128:
+            row_ndim = None  # a row must be non-empty and fit in a 128-byte page
+        out[f"t{i}"] = (x, row_ndim)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensors=named_tensors(), filler=st.integers(0, 20))
+def test_any_state_roundtrips_bit_exact(tensors, filler):
+    pool = PagePool(num_pages=256, page_bytes=128)
+    host = HostPool(num_pages=256, page_bytes=128)
+    eng = OffloadEngine(pool, host, mode="sync")
+    s = RequestState(pool)
+    for name, (x, row_ndim) in tensors.items():
+        assert s.put(name, x, row_ndim=row_ndim) is not None
+    s.offload(eng)
+    held = pool.allocate(filler)  # restore lands in other pages
+    assert s.restore(eng)
+    for name, (x, _) in tensors.items():
+        y = s.get(name)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert torch.equal(y.reshape(-1).view(torch.uint8), x.reshape(-1).view(torch.uint8))
+    s.free()
+    pool.free(held)
+    assert pool.num_free_pages == 256 and host.num_free_pages == 256
