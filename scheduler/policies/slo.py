@@ -120,6 +120,9 @@ class SloPolicy(Policy):
         out = [self._cand(s, s.request, s.steps_done) for s in view.active]
         for r in view.waiting.iter_by("deadline", self.window):
             out.append(self._cand(r, r, 0))
+        if len(self._static) > 4 * len(out) + 256:  # forget cancelled requests
+            keep = {c.req.id for c in out}
+            self._static = {k: v for k, v in self._static.items() if k in keep}
         return out
 
     def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
