@@ -15,14 +15,14 @@ import time
 from ditmem.engine.report import comparison_table, run_summary
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 
-#: The cpu-tiny profile measured on the development machine by ``ditmem profile``.
-DEFAULT_PROFILE = "benchmarks/serving/cpu-tiny-measured.json"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help="cost-model profile (name or JSON from `ditmem profile`)")
+    p.add_argument("--profile", default="measure",
+                   help="'measure' (default): run `ditmem profile` for the demo's shapes first "
+                        "and use it; or a profile name / JSON from `ditmem profile`")
+    p.add_argument("--profile-out", default="demo_profile.json",
+                   help="where the measured profile is saved (with --profile measure)")
     p.add_argument("--workload", default="seed-mix")
     p.add_argument("--load", type=float, default=0.8, help="target load rho")
     p.add_argument("--requests", type=int, default=150)
@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "2048->256; see docs/results/serving.md for why not 2)")
     p.add_argument("--policies", default="fifo,slo")
     p.add_argument("--pool-mb", type=float, default=64.0)
+    p.add_argument("--decode-workers", type=int, default=1,
+                   help="VAE decode threads beside the step loop (0: inline, as simulated)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")
@@ -72,6 +74,23 @@ def warm_up(gen, trace, pool) -> None:
         gen.release(state)
 
 
+def calibrate(gen, args) -> str:
+    """Measure the device profile for the demo's three shapes now (the machine may be
+    shared: the load must be relative to today's speed); returns the saved JSON path."""
+    from ditmem.engine.profile import measure_profile
+    from ditmem.scheduler.workloads import MIXES
+
+    sides = sorted({max(16, s.width // args.divisor // 16 * 16)
+                    for s in MIXES[args.workload].shapes})
+    print(f"measuring the device profile for sides {sides} ...", flush=True)
+    profile = measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
+                              page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None)
+    with open(args.profile_out, "w") as f:
+        json.dump(profile, f, indent=2)
+    print(f"profile: {args.profile_out}")
+    return args.profile_out
+
+
 def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int) -> dict:
     """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool."""
     import dataclasses
@@ -102,6 +121,8 @@ def main(args) -> int:
     started = time.perf_counter()
     gen = models.load(args.model)
     model_key = scheduler_model(args.model, gen)
+    if args.profile == "measure":
+        args.profile = calibrate(gen, args)
     trace = build_trace(args, CostModel.load(args.profile))
     config = EngineConfig(model=args.model, pool_mb=args.pool_mb, page_kb=args.page_kb,
                           max_queued=max(256, 2 * args.requests))
@@ -112,7 +133,8 @@ def main(args) -> int:
         policy, cost = make_policy_and_cost(name, args.profile)
         pool, host = make_pools(config, "cpu")
         engine = Engine(gen, policy, cost, pool, host, model=model_key,
-                        max_queued=config.max_queued).start()
+                        max_queued=config.max_queued,
+                        decode_workers=args.decode_workers).start()
         bar = None
         if not args.no_progress:
             from tqdm import tqdm
@@ -133,6 +155,7 @@ def main(args) -> int:
         "command": "demo", "model": args.model, "workload": args.workload,
         "device": args.profile, "load": args.load, "arrival": args.arrival,
         "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
+        "decode_workers": args.decode_workers,
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
         "total_wall_s": time.perf_counter() - started,
     }

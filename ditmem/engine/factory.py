@@ -27,6 +27,7 @@ class EngineConfig:
     max_queued: int = 256
     device: str = "cpu"
     slo_scale: float = 3.0
+    decode_workers: int = 0
 
 
 def scheduler_model(model: str, generator=None) -> str:
@@ -73,4 +74,4 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
     return Engine(generator, policy, cost, pool, host,
                   model=scheduler_model(config.model, generator),
                   max_active=config.max_active, max_queued=config.max_queued,
-                  slo_scale=config.slo_scale)
+                  slo_scale=config.slo_scale, decode_workers=config.decode_workers)

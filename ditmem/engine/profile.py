@@ -96,10 +96,11 @@ def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
     return pool_bytes / _median_time(lambda: dst.copy_(src), 5)
 
 
-def build_profile(m: dict, args, weights_bytes: int, link: float) -> dict:
+def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: int,
+                  weights_bytes: int, link: float, tool: str = "ditmem profile") -> dict:
     """The version-1 profile dict for the scheduler key ``qwen-image``."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    src = f"measured by `ditmem profile --model {args.model}` on this machine, {when}"
+    src = f"measured by `{tool} --model {model}` on this machine, {when}"
     n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
     sides = sorted(m["decode_s"])
     mpix = [s * s / 1e6 for s in sides]
@@ -107,10 +108,10 @@ def build_profile(m: dict, args, weights_bytes: int, link: float) -> dict:
     tokens = [(s // 16) ** 2 for s in sides]
     per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in sides])
     workspace = 64 * 2**20
-    pool = int(args.pool_mb * 2**20)
+    pool = int(pool_mb * 2**20)
     return {
-        "format": 1, "name": args.name,
-        "description": f"{args.model} measured on this machine by `ditmem profile` ({when}).",
+        "format": 1, "name": name,
+        "description": f"{model} measured on this machine by `{tool}` ({when}).",
         "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
         "host_bytes": n(4 * pool, "engine default host pool: 4x the device pool"),
         "host_link_bytes_per_s": n(link, "median of 5 copies of a 64 MiB arena"),
@@ -123,26 +124,37 @@ def build_profile(m: dict, args, weights_bytes: int, link: float) -> dict:
                           f"median encode {m['encode_s']:.4f} s + fixed part of decode "
                           f"{fixed:.4f} s (line fit of decode vs megapixels)"),
             "decode_s_per_megapixel": n(per_mp, "slope of decode time vs megapixels"),
-            "max_batch": n(args.max_batch, "engine packed-step limit"),
+            "max_batch": n(max_batch, "engine packed-step limit"),
             "step": {"kind": "table", "points": n(m["steps"], "median of --repeats steps")},
         }},
     }
 
 
+def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str = "cpu-tiny",
+                    pool_mb: float = 64.0, max_batch: int = 4, page_kb: int = 64,
+                    tool: str = "ditmem profile", log=print) -> dict:
+    """Measure ``gen`` and return the profile dict (see :func:`build_profile`)."""
+    from ditmem.memory import PagePool
+
+    pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
+    m = measure(gen, sides, batches, repeats, pool, log=log)
+    weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
+                  if hasattr(c, "parameters") for p in c.parameters())
+    return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
+                         weights_bytes=weights, link=host_link_rate(), tool=tool)
+
+
 def main(args) -> int:
     from ditmem import models
-    from ditmem.memory import PagePool
 
     set_torch_threads(args.threads)
     gen = models.load(args.model)
     sides = [int(s) for s in args.sides.split(",")]
     batches = sorted({int(b) for b in args.batches.split(",")})
-    pool = PagePool(max(16, int(256 * 2**20) // (args.page_kb * 1024)), args.page_kb * 1024)
     print(f"profiling {args.model}: sides {sides}, batches {batches}")
-    m = measure(gen, sides, batches, args.repeats, pool)
-    weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
-                  if hasattr(c, "parameters") for p in c.parameters())
-    profile = build_profile(m, args, weights, host_link_rate())
+    profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
+                              pool_mb=args.pool_mb, max_batch=args.max_batch,
+                              page_kb=args.page_kb)
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

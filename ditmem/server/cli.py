@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued", type=int, default=256, help="waiting requests before 429")
     p.add_argument("--slo-scale", type=float, default=3.0,
                    help="default SLO = scale x standalone estimate when slo_ms is not given")
+    p.add_argument("--decode-workers", type=int, default=0,
+                   help="VAE decode threads beside the step loop (0: decode inline)")
     p.add_argument("--default-size", default="256x256")
     p.add_argument("--default-steps", type=int, default=28)
     p.add_argument("--log-level", default="info")
@@ -43,7 +45,8 @@ def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, policy=args.policy, profile=args.profile,
                         pool_mb=args.pool_mb, host_mb=args.host_mb, page_kb=args.page_kb,
                         max_active=args.max_active, max_queued=args.max_queued,
-                        device=args.device, slo_scale=args.slo_scale)
+                        device=args.device, slo_scale=args.slo_scale,
+                        decode_workers=args.decode_workers)
 
 
 def main(args) -> int:
