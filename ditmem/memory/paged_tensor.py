@@ -203,9 +203,11 @@ def _write_rows(view, pages, table, x, start, rpp) -> None:
     if full:
         p0 = pos // rpp
         src = x[pos - start : pos - start + full * rpp].reshape(full, rpp, *x.shape[1:])
-        if full == 1:
-            view[pages[p0]].copy_(src[0])
-        else:
+        if full == 1 or (view.device.type == "cpu" and src[0].nbytes >= 4096):
+            # on the CPU one memcpy per page beats index_copy_ (4-5x for bfloat16)
+            for i in range(full):
+                view[pages[p0 + i]].copy_(src[i])
+        else:  # one kernel launch on an accelerator
             view.index_copy_(0, table[p0 : p0 + full].long(), src)
         pos += full * rpp
     if pos < stop:  # partial last page

@@ -144,3 +144,18 @@ def test_pages_for_is_pure_and_accepts_names():
     assert pages_for(17, (), "torch.float32", 64) == 2
     with pytest.raises(ValueError, match="dtype"):
         pages_for(1, (), "float13", 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("offset", [0, 5, 4096])
+def test_multi_page_writes_with_big_pages(dtype, offset):
+    pool = PagePool(num_pages=16, page_bytes=8192)
+    rows = 6 * 8192 // dtype.itemsize + 77  # several full pages and a partial one
+    t = pool.allocate_tensor(rows, (), dtype)
+    ref = torch.randn(rows).to(dtype)
+    t.write(ref)
+    y = torch.randn(rows - offset - 3).to(dtype)
+    t.write(y, offset=offset)
+    ref[offset : offset + y.shape[0]] = y
+    assert torch.equal(t.read(), ref)
+    assert torch.equal(t.read(offset, rows - 1), ref[offset : rows - 1])
