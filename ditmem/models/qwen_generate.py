@@ -29,20 +29,8 @@ import torch
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import qwen_state as qs
 from ditmem.models.qwen import patch
+from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
 from ditmem.models.request import GenerationRequest
-
-
-def _check_request(request: GenerationRequest, multiple: int) -> None:
-    if request.num_frames != 1:
-        raise ValueError(f"request.num_frames: Qwen-Image makes images, got {request.num_frames}")
-    for name in ("width", "height"):
-        v = getattr(request, name)
-        if v <= 0 or v % multiple:
-            raise ValueError(f"request.{name}: must be a positive multiple of {multiple}, got {v}")
-    if request.num_inference_steps < 1:
-        raise ValueError(
-            f"request.num_inference_steps: must be >= 1, got {request.num_inference_steps}"
-        )
 
 
 class QwenGenerator:
@@ -72,7 +60,7 @@ class QwenGenerator:
     def estimate_pages(self, request: GenerationRequest, page_bytes: int) -> int:
         """Pages of ``page_bytes`` that :meth:`encode` will allocate for ``request`` (exact;
         tokenizes the prompt, no model work)."""
-        _check_request(request, self.multiple)
+        check_request(request, self.multiple)
         tokens = (request.height // self.multiple) * (request.width // self.multiple)
         dim = self.pipe.transformer.config.joint_attention_dim
         prompts = [request.prompt] + ([request.negative_prompt] if self._uses_cfg(request) else [])
@@ -101,7 +89,9 @@ class QwenGenerator:
     def encode(self, request: GenerationRequest, pool) -> RequestState | None:
         """Text encoding, seeded initial latents and the sigma schedule into pages of
         ``pool``; ``None`` (nothing allocated) when the pool has no room."""
-        _check_request(request, self.multiple)
+        check_request(request, self.multiple)
+        if self.estimate_pages(request, pool.page_bytes) > pool.num_free_pages:
+            return None  # do not run the text encoder for nothing
         p, cfg = self.pipe, self._uses_cfg(request)
         state = RequestState(pool, request_id=request.request_id or None)
         prompts = {"cond": request.prompt}
@@ -158,7 +148,7 @@ class QwenGenerator:
     def boundary_pages(self, request: GenerationRequest, page_bytes: int) -> int:
         """Extra pages a request holds while paused inside a step (pure arithmetic plus
         tokenizing the prompts)."""
-        _check_request(request, self.multiple)
+        check_request(request, self.multiple)
         dim = self.adapter.model.inner_dim
         tokens = (request.height // self.multiple) * (request.width // self.multiple)
         prompts = [request.prompt] + ([request.negative_prompt] if self._uses_cfg(request) else [])
@@ -252,19 +242,8 @@ class QwenGenerator:
         if not self.is_done(state):
             done, total = self.progress(state)
             raise ValueError(f"decode: state {state.request_id} has run {done} of {total} steps")
-        return self._decode_latents(state.get("latents"), state.scalars["height"],
-                                    state.scalars["width"])
-
-    def _decode_latents(self, latents, height: int, width: int) -> np.ndarray:
-        p = self.pipe
-        x = p._unpack_latents(latents, height, width, p.vae_scale_factor).to(p.vae.dtype)
-        z = p.vae.config.z_dim
-        mean = torch.tensor(p.vae.config.latents_mean).view(1, z, 1, 1, 1).to(x.device, x.dtype)
-        inv_std = 1.0 / torch.tensor(p.vae.config.latents_std).view(1, z, 1, 1, 1).to(
-            x.device, x.dtype
-        )
-        image = p.vae.decode(x / inv_std + mean, return_dict=False)[0][:, :, 0]
-        return to_uint8(p.image_processor.postprocess(image, output_type="np")[0])
+        return decode_latents(self.pipe, state.get("latents"), state.scalars["height"],
+                              state.scalars["width"])
 
     def release(self, state: RequestState) -> None:
         """Free the state's pages."""
@@ -275,27 +254,14 @@ class QwenGenerator:
     def reference(self, request: GenerationRequest, output: str = "image"):
         """The stock pipeline's ``__call__`` (unpatched processors) for ``request``:
         ``uint8 [H, W, 3]``, or with ``output="latents"`` the final packed latents."""
-        _check_request(request, self.multiple)
+        check_request(request, self.multiple)
         if output not in ("image", "latents"):
             raise ValueError(f"reference: output must be 'image' or 'latents', got {output!r}")
+        cfg = self._uses_cfg(request)
         self.adapter.unpatch()
         try:
-            result = self.pipe(
-                prompt=request.prompt,
-                negative_prompt=request.negative_prompt if self._uses_cfg(request) else None,
-                true_cfg_scale=request.guidance_scale if self._uses_cfg(request) else 1.0,
-                height=request.height,
-                width=request.width,
-                num_inference_steps=request.num_inference_steps,
-                generator=torch.Generator("cpu").manual_seed(request.seed),
-                max_sequence_length=self.max_sequence_length,
-                output_type="latent" if output == "latents" else "np",
-            ).images
+            return run_pipeline(
+                self.pipe, request, cfg, self.max_sequence_length, latents=output == "latents"
+            )
         finally:
             self.adapter.repatch()
-        return result if output == "latents" else to_uint8(result[0])
-
-
-def to_uint8(image: np.ndarray) -> np.ndarray:
-    """float [H, W, 3] in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` does."""
-    return (image * 255).round().astype(np.uint8)
