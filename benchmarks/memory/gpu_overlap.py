@@ -39,10 +39,13 @@ from ditmem.memory import HostPool, OffloadEngine, PagePool, RequestState  # noq
 
 
 def synced(fn, device) -> float:
-    torch.cuda.synchronize(device)
+    """Seconds ``fn()`` takes, with the device idle before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -58,12 +61,12 @@ def run_state(name, tensors, page_bytes, repeats, device, rng) -> dict:
     pool = PagePool(n, page_bytes, device)
     host = HostPool(n, page_bytes, device=device)
     eng = OffloadEngine(pool, host)
-    assert eng.mode == "stream" and host.is_pinned
+    assert device.type == "cpu" or (eng.mode == "stream" and host.is_pinned)
     state = RequestState(pool, name)
     for key, (x, row_ndim) in tensors.items():
         assert state.put(key, x.to(device), row_ndim=row_ndim) is not None
     raw_dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    raw_host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+    raw_host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=host.is_pinned)
 
     def raw():
         raw_host.copy_(raw_dev, non_blocking=True)
@@ -84,7 +87,8 @@ def run_state(name, tensors, page_bytes, repeats, device, rng) -> dict:
     transfer = statistics.median(t_ours)
 
     # compute sized to about the transfer time
-    m = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    size = 4096 if device.type == "cuda" else 256
+    m = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     one = statistics.median(synced(lambda: m @ m, device) for _ in range(5))
     iters = max(1, round(transfer / 2 / one))
 
@@ -132,12 +136,17 @@ def main(argv=None) -> int:
     ap.add_argument("--page-kib", default="256,1024")
     ap.add_argument("--wan-layers", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--device", default="cuda",
+                    help="cuda (the measurement) or cpu (a dry run of the script's logic)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_overlap.py needs a CUDA device (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    if args.device == "cpu":
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("gpu_overlap.py needs a CUDA device (torch.cuda.is_available() is False); "
+              "--device cpu only dry-runs it", file=sys.stderr)
         return 2
-    device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
     layers = args.wan_layers or (4 if args.quick else 40)
     repeats = args.repeats or (3 if args.quick else 9)
     g = torch.Generator().manual_seed(0)
@@ -146,7 +155,8 @@ def main(argv=None) -> int:
               f"wan-720p/{layers}L": wan_state_tensors(g, layers)}
     rows = [run_state(name, t, int(kib) << 10, repeats, device, rng)
             for name, t in states.items() for kib in args.page_kib.split(",")]
-    print(f"{torch.cuda.get_device_name(device)}: offload+restore vs raw pinned copy, and "
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
+    print(f"{name}: offload+restore vs raw pinned copy, and "
           f"overlap with bf16 matmuls (median of {repeats})")
     print_table(rows, ["state", "page_kib", "data_mb", "raw_ms", "ours_ms", "raw_gb_s",
                        "ours_gb_s", "ratio", "compute_ms", "both_ms", "hidden"])
