@@ -33,7 +33,6 @@ import torch
 
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import wan_state as ws
-from ditmem.models.qwen_generate import to_uint8
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
@@ -41,6 +40,11 @@ from ditmem.models.wan_shapes import WanShapes
 from ditmem.models.wan_solver import SolverSchedules, init_solver, solver_order, unipc_step
 
 CFG = ws.BRANCHES
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """float frames in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` rounds."""
+    return (frames * 255).round().astype(np.uint8)
 EXPERTS = ("transformer", "transformer_2")
 
 
@@ -83,8 +87,15 @@ class WanGenerator:
             pipe = build_pipeline(seed=seed, dtype=dtype, device=str(device),
                                   two_experts=two_experts)
         else:
+            import importlib.util
+
             from diffusers import WanPipeline
 
+            if importlib.util.find_spec("accelerate") is None:
+                raise RuntimeError(
+                    f"load({name_or_path!r}): diffusers loads WanTransformer3DModel (whose "
+                    "norms and modulation stay float32) only with the `accelerate` package, "
+                    "which is not installed")
             pipe = WanPipeline.from_pretrained(name_or_path, torch_dtype=dtype).to(device)
             pipe.set_progress_bar_config(disable=True)
         return cls(pipe, name=name_or_path, **kwargs)

@@ -67,7 +67,10 @@ def test_full_run_equals_stock_pipeline(gen):
 def test_two_experts_equal_stock_pipeline():
     gen = dm.load("tiny-wan", two_experts=True, max_sequence_length=TEXT)
     requests = _requests()[:2]  # 6 steps cross the 0.875 boundary; both experts run
-    states = _run(gen, requests, PagePool(512, PAGE))
+    pool = PagePool(512, PAGE)
+    states = _run(gen, requests, pool)
+    assert pool.num_pages - pool.num_free_pages == sum(
+        gen.estimate_pages(r, PAGE) for r in requests)
     assert set(states[1].scalars["experts"]) == {"transformer", "transformer_2"}
     for r, s in zip(requests, states, strict=True):
         assert _rel(gen.latents(s), gen.reference(r, output="latents")) <= 1e-4
@@ -204,3 +207,20 @@ def test_a_request_is_batch_invariant(gen):
     together = _run(gen, requests, PagePool(512, PAGE))
     for a, b in zip(alone, together, strict=True):
         assert torch.equal(gen.latents(a), gen.latents(b))
+
+
+def test_load_from_a_diffusers_folder(tmp_path):
+    from ditmem.models.wan_tiny import build_pipeline
+
+    build_pipeline().save_pretrained(tmp_path)
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="accelerate"):
+            dm.load(str(tmp_path))
+        return
+    gen = dm.load(str(tmp_path), max_sequence_length=TEXT)
+    r = _requests()[2]
+    (state,) = _run(gen, [r], PagePool(64, PAGE))
+    tiny = dm.load("tiny-wan", max_sequence_length=TEXT)
+    assert _rel(gen.latents(state), tiny.reference(r, output="latents")) <= 1e-4

@@ -145,6 +145,9 @@ def test_bad_inputs_raise_clear_errors(model):
         adapter.forward_packed([{"hidden_states": good["hidden_states"]}])
     with pytest.raises(TypeError, match="WanTransformer3DModel"):
         dm.patch(torch.nn.Linear(2, 2))
+    i2v = build_tiny_transformer(image_dim=8, added_kv_proj_dim=32)
+    with pytest.raises(TypeError, match="image K/V projections"):
+        dm.patch(i2v)
 
 
 def test_patch_pipeline_with_two_experts():
