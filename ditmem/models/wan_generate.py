@@ -127,6 +127,24 @@ class WanGenerator:
             total += branches * geo.pages(self.max_sequence_length)
         return total
 
+    def state_bytes(self, request: GenerationRequest) -> int:
+        """Bytes of tensor data :meth:`encode` stores for ``request`` (not rounded up to
+        pages; for sizing pools and cost models independently of the page size)."""
+        self.shapes.check(request)
+        numel = int(np.prod(self.shapes.latent_shape(request)))
+        total = (2 + solver_order(self.pipe.scheduler)) * numel * 4
+        branches = len(self._branches(request))
+        itemsize = self.dtype.itemsize
+        if not self.cache_cross_kv:
+            dim = self.pipe.transformer.config.text_dim
+            return total + branches * self.max_sequence_length * dim * itemsize
+        timesteps = self.schedules.timesteps(request.num_inference_steps).tolist()
+        for expert in set(self._experts(timesteps)):
+            cfg = self.adapters[expert].model.config
+            per_token = cfg.num_layers * 2 * cfg.num_attention_heads * cfg.attention_head_dim
+            total += branches * self.max_sequence_length * per_token * itemsize
+        return total
+
     # ---------------------------------------------------------------- stages
     @torch.no_grad()
     def encode(self, request: GenerationRequest, pool) -> RequestState | None:

@@ -47,10 +47,12 @@ def cross_kv_geometry(num_layers: int, heads: int, head_dim: int, dtype: torch.d
 
     Puts as many layers in one page as fit with at least ``min(64, rows // 2)`` tokens each.
     """
-    rpp = rows_per_page((heads, head_dim), dtype, page_bytes)
-    if rpp < 2:
+    row = heads * head_dim * dtype.itemsize
+    if page_bytes < 2 * row:
         raise ValueError(f"page_bytes: {page_bytes} cannot hold one key and one value row of "
-                         f"[{heads}, {head_dim}] {dtype}")
+                         f"[{heads}, {head_dim}] {dtype} ({2 * row} bytes); for a byte count "
+                         "independent of pages use the generator's state_bytes()")
+    rpp = rows_per_page((heads, head_dim), dtype, page_bytes)
     per_group = max(1, min(num_layers, rpp // (2 * min(64, rpp // 2))))
     tokens = rpp // (2 * per_group)
     groups = tuple((s, min(per_group, num_layers - s)) for s in range(0, num_layers, per_group))

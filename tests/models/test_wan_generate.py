@@ -127,6 +127,7 @@ def test_estimate_pages_is_exact_and_full_pool_returns_none(gen):
             assert pool.num_pages - pool.num_free_pages == need
             gen.release(state)
             gen.release(state)  # idempotent
+            assert need * page >= gen.state_bytes(r) > (need - 8) * page
             small = PagePool(need - 1, page)
             assert gen.encode(r, small) is None
             assert small.num_free_pages == need - 1  # nothing leaked
@@ -146,6 +147,8 @@ def test_step_and_request_errors(gen):
         gen.step([state])
     with pytest.raises(ValueError, match="finished"):
         gen.step([state])
+    with pytest.raises(ValueError, match="state_bytes"):
+        gen.estimate_pages(r, 4)
     for bad, match in [(dict(num_frames=4), "num_frames"), (dict(width=40), "width"),
                        (dict(num_inference_steps=0), "num_inference_steps")]:
         fields = {"width": 32, "height": 32, "num_frames": 1, "num_inference_steps": 2, **bad}
