@@ -159,3 +159,16 @@ def test_patch_pipeline_with_two_experts():
     group.unpatch()
     for t, orig in zip((pipe.transformer, pipe.transformer_2), originals, strict=True):
         assert all(t.attn_processors[k] is v for k, v in orig.items())
+
+
+def test_bfloat16_packed_matches_unpatched_loosely(model):
+    model = model.to(torch.bfloat16)
+    kws = _mixed(torch.Generator().manual_seed(8))[:3]
+    for kw in kws:
+        kw["hidden_states"] = kw["hidden_states"].bfloat16()
+        kw["encoder_hidden_states"] = kw["encoder_hidden_states"].bfloat16()
+    ref = _stock(model, kws)
+    outs = dm.patch(model).forward_packed(kws)
+    for out, r in zip(outs, ref, strict=True):
+        assert out.dtype == torch.bfloat16
+        assert _rel(out.float(), r.float()) <= 2e-2
