@@ -17,6 +17,10 @@ random-weight Wan transformer with dim 256 (4 heads of 64), 4 layers, text dim 2
 compute matters more than per-op overhead.
 
     .venv/bin/python benchmarks/models/wan_step.py [--quick] [--json PATH] [--threads N]
+        [--clock cpu|wall]
+
+Timing helpers (interleaved rounds, CPU clock by default, ratio = median of per-round
+ratios) are shared with bench_qwen.py.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from ditmem.memory import PagePool
 from ditmem.models.wan_tiny import build_tiny_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_qwen import rel_err, side_by_side  # noqa: E402  (shared timing helpers)
+from bench_qwen import CLOCK, CLOCKS, rel_err, side_by_side, summary  # noqa: E402  (shared)
 
 SMALL = dict(num_attention_heads=4, attention_head_dim=64, text_dim=256, freq_dim=256,
              ffn_dim=1024, num_layers=4, in_channels=16, out_channels=16)
@@ -90,12 +94,10 @@ def run(model_name: str, repeats: int) -> list[dict]:
                                ("cached", "packed, text K/V cached")):
                 rows.append(dict(model=model_name, scenario=name, variant=label, requests=8,
                                  video_tokens=tokens, baseline="8 stock forwards",
-                                 baseline_s=t["stock"], ditmem_s=t[key],
-                                 ratio=t["stock"] / t[key], max_rel_err=rel_err(fns[key](), ref)))
+                                 **summary(t, "stock", key), max_rel_err=rel_err(fns[key](), ref)))
             rows.append(dict(model=model_name, scenario=name, variant="cached vs recomputed",
                              requests=8, video_tokens=tokens, baseline="packed, recomputed",
-                             baseline_s=t["packed"], ditmem_s=t["cached"],
-                             ratio=t["packed"] / t["cached"]))
+                             **summary(t, "packed", "cached")))
             for c in caches:
                 c.free()
         (kw,) = make_kwargs(stock, [(256, 256, 9)])
@@ -105,10 +107,10 @@ def run(model_name: str, repeats: int) -> list[dict]:
             "plain": lambda: adapter.model(**kw, return_dict=False),
         }, repeats * 3)
         for key, label in (("packed", "forward_packed"), ("plain", "patched forward")):
+            row = summary(t, "stock", key)
             rows.append(dict(model=model_name, scenario="single 256^2 x 9f", variant=label,
-                             requests=1, baseline="stock forward", baseline_s=t["stock"],
-                             ditmem_s=t[key], ratio=t["stock"] / t[key],
-                             overhead_pct=100 * (t[key] / t["stock"] - 1)))
+                             requests=1, baseline="stock forward", **row,
+                             overhead_pct=100 * (1 / row["ratio"] - 1)))
     return rows
 
 
@@ -118,15 +120,20 @@ def main() -> int:
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--clock", choices=CLOCKS, default="cpu",
+                    help="cpu: process CPU time (default; robust when other jobs share the "
+                         "cores, use with --threads 1), wall: perf_counter")
     args = ap.parse_args()
+    CLOCK["now"] = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 7)
     rows = []
     for model in ("tiny",) if args.quick else ("tiny", "small"):
         rows += run(model, repeats)
-    print(f"threads={torch.get_num_threads()} repeats={repeats} ({platform.machine()}, CPU); "
-          "ratio = baseline time / ditmem time")
+    print(f"threads={torch.get_num_threads()} repeats={repeats} clock={args.clock} "
+          f"({platform.machine()}, CPU); ratio = median over rounds of baseline/ditmem time, "
+          "ms = medians")
     print(f"{'model':5} {'scenario':18} {'variant':28} {'baseline':19} {'base ms':>8} "
           f"{'ditmem ms':>9} {'ratio':>6} {'note':>16}")
     for r in rows:
@@ -137,8 +144,8 @@ def main() -> int:
               f"{note:>16}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows}, f,
-                      indent=2)
+            json.dump({"threads": torch.get_num_threads(), "repeats": repeats,
+                       "clock": args.clock, "rows": rows}, f, indent=2)
     return 0
 
 
