@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ditmem.models.packing import PackedLayout
+from ditmem.models.tiling import tiled
 from ditmem.ops import paged_attention
 
 
@@ -70,9 +71,11 @@ def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def _project(attn, img: torch.Tensor, txt: torch.Tensor):
     """Q/K/V of both streams, split into heads and QK-normed: six tensors [..., H, D]."""
     head_dim = attn.inner_dim // attn.heads
-    q, k, v = (f(img).unflatten(-1, (-1, head_dim)) for f in (attn.to_q, attn.to_k, attn.to_v))
+    q, k, v = (
+        tiled(f, img).unflatten(-1, (-1, head_dim)) for f in (attn.to_q, attn.to_k, attn.to_v)
+    )
     tq, tk, tv = (
-        f(txt).unflatten(-1, (-1, head_dim))
+        tiled(f, txt).unflatten(-1, (-1, head_dim))
         for f in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)
     )
     if attn.norm_q is not None:
@@ -93,10 +96,10 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _out(attn, img_o: torch.Tensor, txt_o: torch.Tensor):
-    img_o = attn.to_out[0](img_o.contiguous())
+    img_o = tiled(attn.to_out[0], img_o.contiguous())
     if len(attn.to_out) > 1:
         img_o = attn.to_out[1](img_o)
-    return img_o, attn.to_add_out(txt_o.contiguous())
+    return img_o, tiled(attn.to_add_out, txt_o.contiguous())
 
 
 class DitmemQwenAttnProcessor:

@@ -13,16 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ditmem.models.qwen_attention import PackedJoint
-
-# BLAS (MKL sgemm) computes a row differently when a matrix has fewer than ~12 rows, so a
-# request's tokens would change bits depending on who shares the batch. Both packed streams
-# are padded with zero rows to at least MIN_ROWS rows; per-request conditioning runs one
-# row at a time (``per_row``) for the same reason.
-MIN_ROWS = 16
-# Rows per MLP call: large packed batches are split so the 4x-wide hidden layer stays in
-# cache (measured on a 2-core x86 CPU: 3248 rows at once 9.8 ms, tiles of 512 5.7 ms).
-ROW_TILE = 512
-
+from ditmem.models.tiling import MIN_ROWS, tiled
 
 
 @dataclass(slots=True)
@@ -70,21 +61,6 @@ def segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:
     """Segment id of every row; padding rows borrow segment 0 (their values are unused)."""
     ids = torch.repeat_interleave(seg, torch.tensor(lens, device=seg.device))
     return torch.cat([ids, ids.new_zeros(rows - ids.shape[0])])
-
-
-def tiled(fn, x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
-    """Apply a row-wise ``fn`` (an MLP) to ``x [T, ...]`` in tiles of ``tile`` rows so the
-    intermediate activations stay in cache (CPU); the tail is merged into the previous tile
-    when shorter than ``MIN_ROWS``, so every call sees at least ``MIN_ROWS`` rows and the
-    result equals ``fn(x)`` bit for bit."""
-    n = x.shape[0]
-    if n <= tile + MIN_ROWS:
-        return fn(x)
-    bounds = list(range(0, n, tile))
-    if n - bounds[-1] < MIN_ROWS:
-        bounds.pop()
-    bounds.append(n)
-    return torch.cat([fn(x[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
 
 
 def per_token(params: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
