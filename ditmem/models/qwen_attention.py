@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ditmem.models.packing import PackedLayout
-from ditmem.models.tiling import tiled
+from ditmem.models.packing import PackedLayout, tiled
 from ditmem.ops import paged_attention
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ditmem.models.packing import MIN_ROWS, tiled
 from ditmem.models.qwen_attention import PackedJoint
-from ditmem.models.tiling import MIN_ROWS, tiled
 
 
 @dataclass(slots=True)
