@@ -69,3 +69,21 @@ def test_bad_input_errors():
         lay.to_blocks(torch.zeros(6, 2))
     with pytest.raises(ValueError, match="shape"):
         lay.from_blocks(torch.zeros(3, 4, 2))
+
+
+@pytest.mark.parametrize("rows", [16, 100, 256 + 16, 256 + 17, 600, 1024 + 3])
+def test_tiled_linear_is_bit_identical(rows):
+    from ditmem.models.packing import MIN_ROWS, tiled
+
+    g = torch.Generator().manual_seed(rows)
+    lin = torch.nn.Linear(32, 48)
+    x = torch.randn(rows, 32, generator=g)
+    calls = []
+
+    def fn(t):
+        calls.append(t.shape[0])
+        return lin(t)
+
+    with torch.no_grad():
+        assert torch.equal(tiled(fn, x, tile=256), lin(x))
+    assert sum(calls) == rows and min(calls) >= MIN_ROWS
