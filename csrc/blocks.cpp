@@ -8,10 +8,13 @@
 #include <cstring>
 #include <vector>
 
+#include "stream_copy.h"
+
 namespace ditmem {
 namespace {
 
-constexpr int64_t kChunkBytes = 1 << 20;  // copy granularity for big blocks
+constexpr int64_t kChunkBytes = 1 << 20;      // copy granularity for big blocks
+constexpr int64_t kStreamBytes = 16ll << 20;  // copies bigger than this bypass the caches
 
 // Bytes of one block and whether each block's inside [block_size, *row] is contiguous.
 static int64_t block_bytes(const at::Tensor& t, const char* name) {
@@ -93,11 +96,17 @@ void copy_blocks_cpu(const at::Tensor& src, const at::Tensor& dst, const at::Ten
   const int64_t chunks = std::max<int64_t>(1, (bytes + kChunkBytes - 1) / kChunkBytes);
   const int64_t chunk = (bytes + chunks - 1) / chunks;
   const int64_t grain = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(chunk, 1));
+  const bool stream = n * bytes >= kStreamBytes;
   at::parallel_for(0, n * chunks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t i = u / chunks, off = (u % chunks) * chunk;
       const int64_t len = std::min(chunk, bytes - off);
-      std::memcpy(block_ptr(dst, mp[2 * i + 1]) + off, block_ptr(src, mp[2 * i]) + off, len);
+      char* to = block_ptr(dst, mp[2 * i + 1]) + off;
+      const char* from = block_ptr(src, mp[2 * i]) + off;
+      if (stream)
+        stream_copy(to, from, len);
+      else
+        std::memcpy(to, from, len);
     }
   });
 }

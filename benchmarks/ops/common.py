@@ -79,9 +79,9 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
-def side_by_side(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per function, interleaving the functions on every repeat so that
-    machine noise hits all of them alike."""
+def samples(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call, interleaving the functions on every repeat so that machine
+    noise hits all of them alike (after one warm-up call each)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -90,7 +90,12 @@ def side_by_side(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def side_by_side(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds per function, measured interleaved (see samples)."""
+    return {name: statistics.median(ts) for name, ts in samples(fns, repeats).items()}
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -81,3 +81,17 @@ def test_copy_blocks_many_blocks_same_device(backend):
     perm = torch.randperm(64)
     ops.copy_blocks(src, dst, torch.stack([torch.arange(64), perm], 1))
     assert torch.equal(dst[perm], src)
+
+
+def test_copy_blocks_large_copies_stream_past_the_caches(backend):
+    # > 16 MiB in total takes the streaming-store path; odd sizes and a dst pool whose
+    # blocks start 1 byte off alignment exercise its unaligned head and tail
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(0, 255, (18, (1 << 20) + 3), dtype=torch.uint8, generator=g)
+    pool = torch.zeros(20, (1 << 20) + 9, dtype=torch.uint8)
+    dst = pool[:, 1 : (1 << 20) + 4]
+    mapping = torch.stack([torch.randperm(18, generator=g), torch.randperm(20, generator=g)[:18]],
+                          1)
+    ops.copy_blocks(src, dst, mapping)
+    assert torch.equal(dst[mapping[:, 1]], src[mapping[:, 0]])
+    assert pool[:, 0].eq(0).all() and pool[:, (1 << 20) + 4 :].eq(0).all()
