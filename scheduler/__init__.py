@@ -27,7 +27,8 @@ Each iteration::
     view = SchedulerView(active=list(active.values()), waiting=waiting,
                          memory=MemoryState(total_pages, free_pages, page_bytes,
                                             host_free_pages),
-                         last_batch=tuple(previous plan.batch))
+                         last_batch=tuple(previous plan.batch),
+                         max_active=64)         # the engine's cap on started requests
     plan = policy.schedule(now, view)         # a StepPlan
     if plan.idle: sleep until the next arrival (or transfer completion); continue
     1. for id in plan.offload: copy its pages device -> host; status.location = Location.HOST
@@ -45,8 +46,10 @@ Each iteration::
 
 The policy guarantees: batch members share one model and number at most
 ``cost.max_batch(model)``; admits and restores fit in the free pages once the offloads are
-done; nothing that arrived is ever dropped (a request that can no longer meet its deadline
-still runs to completion). Policies see only what the engine shows them (never the future).
+done (offloads only when the host pool has room); admits never take the started count past
+``view.max_active``; nothing that arrived is ever dropped (a request that can no longer
+meet its deadline still runs to completion). Policies see only what the engine shows them
+(never the future).
 
 Cost model feedback: ``policy.observe(report)`` forwards to ``cost.observe(report)``, which
 keeps a per-model correction factor (EWMA of measured / predicted step time), so a profile

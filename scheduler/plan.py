@@ -32,13 +32,16 @@ class SchedulerView:
 
     ``active`` lists started requests (running or paused, on device or host) in the order the
     engine admitted them; ``waiting`` holds requests that have arrived but not started;
-    ``last_batch`` the ids that advanced in the previous iteration (to count preemptions).
+    ``last_batch`` the ids that advanced in the previous iteration (to count preemptions);
+    ``max_active`` the most started requests the engine holds at once (None: no limit) —
+    policies never admit beyond it.
     """
 
     active: list[RequestStatus]
     waiting: WaitingQueue
     memory: MemoryState
     last_batch: tuple[str, ...] = ()
+    max_active: int | None = None
 
 
 @dataclass(slots=True)

@@ -11,6 +11,8 @@ from .policies.base import Policy
 from .queue import WaitingQueue
 from .request import Location, Request, RequestStatus
 
+#: Most started (running + paused) requests per device, as the engine's default (DESIGN.md).
+DEFAULT_MAX_ACTIVE = 64
 #: Plans that only move memory (no step) allowed in a row before the run is declared stuck.
 MAX_MOVES_WITHOUT_STEP = 1000
 
@@ -50,8 +52,16 @@ class SimResult:
 class _Engine:
     """The simulated device: pages, host pool, and the requests it holds."""
 
-    def __init__(self, cost: CostModel, model: str, page_bytes: int, device_pages: int | None):
+    def __init__(
+        self,
+        cost: CostModel,
+        model: str,
+        page_bytes: int,
+        device_pages: int | None,
+        max_active: int | None,
+    ):
         self.cost = cost
+        self.max_active = max_active
         self.page_bytes = page_bytes
         self.total = device_pages if device_pages is not None else cost.device_pages(model)
         self.free = self.total
@@ -62,7 +72,9 @@ class _Engine:
 
     def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
-        return SchedulerView(list(self.active.values()), self.waiting, memory, last_batch)
+        return SchedulerView(
+            list(self.active.values()), self.waiting, memory, last_batch, self.max_active
+        )
 
     def execute(self, plan: StepPlan, truth: CostModel) -> tuple[float, int]:
         """Apply the plan's offloads and restores; return (transfer seconds, pages moved)."""
@@ -110,13 +122,16 @@ def simulate(
     slo_scale: float = 3.0,
     page_bytes: int = DEFAULT_PAGE_BYTES,
     device_pages: int | None = None,
+    max_active: int | None = DEFAULT_MAX_ACTIVE,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
 
     The device's true timings come from ``cost`` (default: the policy's cost model). The
     policy sees only arrived requests, at decision points between iterations. Every request
-    runs to completion. ``progress(done, total)`` is called as requests finish.
+    runs to completion. At most ``max_active`` requests are started at once (None: no cap);
+    ``device_pages`` overrides the page count the profile leaves for request state.
+    ``progress(done, total)`` is called as requests finish.
     """
     truth = cost or policy.cost
     if not requests:
@@ -128,7 +143,7 @@ def simulate(
     for r in pending:
         if r.deadline is None or r.standalone_s is None:
             policy.cost.assign_deadline(r, slo_scale)
-    eng = _Engine(truth, pending[0].model, page_bytes, device_pages)
+    eng = _Engine(truth, pending[0].model, page_bytes, device_pages, max_active)
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
     last_batch: tuple[str, ...] = ()
@@ -163,6 +178,8 @@ def simulate(
             pages = truth.pages_for(req, page_bytes)
             if eng.free < pages:
                 raise PlanError(f"admit of {rid!r}: needs {pages} pages, {eng.free} free")
+            if max_active is not None and len(eng.active) >= max_active:
+                raise PlanError(f"admit of {rid!r}: {max_active} requests already started")
             eng.waiting.remove(rid)
             eng.free -= pages
             eng.active[rid] = RequestStatus(req, started_at=now, pages=pages)

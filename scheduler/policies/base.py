@@ -32,16 +32,16 @@ class Policy:
         """Predicted seconds the request still needs alone."""
         return self.cost.remaining_time(request, steps_done)
 
-    def plan_single(self, view: SchedulerView, chosen: RequestStatus | Request | None) -> StepPlan:
-        """A plan that runs one request (started or waiting) for one step, making room for it.
-
-        A waiting request is admitted if its pages fit, after offloading paused requests
-        (latest deadline first) when needed; a request on the host is restored likewise.
-        Returns an empty plan when there is nothing to run or no room can be made.
-        """
+    def plan_first_fit(self, view: SchedulerView, choices) -> StepPlan:
+        """A plan that runs the first of ``choices`` (started RequestStatus or waiting Request,
+        best first) that can be made to fit for one step: a waiting request is admitted if its
+        pages fit (offloading paused requests, latest deadline first, when needed) and the
+        engine's ``max_active`` allows; a request on the host is restored likewise. Returns an
+        empty plan when none fits."""
         plan = StepPlan()
-        if chosen is not None:
-            make_room(self.cost, view, [chosen], plan)
+        for chosen in choices:
+            if make_room(self.cost, view, [chosen], plan):
+                break
         return self.with_pause(plan, view)
 
     @staticmethod
@@ -67,7 +67,8 @@ def make_room(
     """Add ``members`` (RequestStatus or waiting Request) to ``plan.batch``, with the admits,
     restores and offloads that need; paused device-resident requests are offloaded in
     ``victim_order`` (a sort key) until the pages fit. Returns False, leaving the plan
-    unchanged, when they cannot fit (device and host full)."""
+    unchanged, when they cannot fit (device and host full) or an admit would exceed
+    ``view.max_active``."""
     page_bytes = view.memory.page_bytes
     need = 0
     admits, restores = [], []
@@ -79,6 +80,9 @@ def make_room(
         else:
             need += cost.pages_for(m, page_bytes)
             admits.append(m.id)
+    if admits and view.max_active is not None:
+        if len(view.active) + len(plan.admit) + len(admits) > view.max_active:
+            return False
     free = view.memory.free_pages + plan_freed_pages(plan, view) - plan_used_pages(plan, view, cost)
     offloads: list[str] = []
     if need > free:

@@ -12,8 +12,6 @@ class FifoPolicy(Policy):
     name = "fifo"
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
-        if view.active:
-            chosen = min(view.active, key=lambda s: (s.request.arrival, s.id))
-        else:
-            chosen = view.waiting.first("arrival")
-        return self.plan_single(view, chosen)
+        started = sorted(view.active, key=lambda s: (s.request.arrival, s.id))
+        head = view.waiting.first("arrival")
+        return self.plan_first_fit(view, started + ([head] if head is not None else []))

@@ -16,14 +16,11 @@ class SrtfPolicy(Policy):
     name = "srtf"
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
-        best, best_key = None, None
-        for s in view.active:
-            key = (self.remaining(s.request, s.steps_done), s.request.arrival)
-            if best_key is None or key < best_key:
-                best, best_key = s, key
+        keyed = [
+            ((self.remaining(s.request, s.steps_done), s.request.arrival), s) for s in view.active
+        ]
         head = view.waiting.first("size")
         if head is not None:
-            key = (self.remaining(head), head.arrival)
-            if best_key is None or key < best_key:
-                best = head
-        return self.plan_single(view, best)
+            keyed.append(((self.remaining(head), head.arrival), head))
+        keyed.sort(key=lambda pair: pair[0])
+        return self.plan_first_fit(view, [item for _, item in keyed])

@@ -103,6 +103,7 @@ class HandEngine:
         self.total = total_pages
         self.host = host_pages
         self.last_batch: tuple[str, ...] = ()
+        self.max_active: int | None = None
 
     def arrive(self, r: Request) -> Request:
         self.waiting.push(r)
@@ -124,4 +125,6 @@ class HandEngine:
         used = sum(s.pages for s in self.active.values() if s.location is Location.DEVICE)
         hosted = sum(s.pages for s in self.active.values() if s.location is Location.HOST)
         mem = MemoryState(self.total, self.total - used, PAGE, self.host - hosted)
-        return SchedulerView(list(self.active.values()), self.waiting, mem, self.last_batch)
+        return SchedulerView(
+            list(self.active.values()), self.waiting, mem, self.last_batch, self.max_active
+        )

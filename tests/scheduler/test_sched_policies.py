@@ -133,6 +133,18 @@ def test_slo_runs_what_is_on_device_when_the_host_pool_is_full():
     assert plan.batch == ["dev"] and not plan.offload and not plan.restore
 
 
+@pytest.mark.parametrize("policy", ["srtf", "slo"])
+def test_no_admission_beyond_max_active(policy):
+    cost = table_cost()
+    eng = HandEngine(cost)
+    eng.start(req("old", 0.0, steps=10, slo_ms=100_000, cost=cost), steps_done=1)
+    eng.arrive(req("new", 1.0, steps=1, slo_ms=2_000, cost=cost))
+    assert make_policy(policy, cost).schedule(1.0, eng.view()).admit == ["new"]
+    eng.max_active = 1
+    plan = make_policy(policy, cost).schedule(1.0, eng.view())
+    assert plan.admit == [] and plan.batch == ["old"]
+
+
 @pytest.mark.parametrize("policy", ["fifo", "srtf", "slo"])
 def test_paused_requests_are_reported_as_preempted(policy):
     cost = table_cost()
