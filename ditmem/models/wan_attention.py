@@ -72,8 +72,10 @@ def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
     """Rotate interleaved pairs of ``x [..., T, H, D]`` by ``rope`` (float64 math like Wan,
     result in x's dtype)."""
     x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    rotated = torch.stack((x1 * rope.cos - x2 * rope.sin, x1 * rope.sin + x2 * rope.cos), -1)
-    return rotated.flatten(-2).to(x.dtype)
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * rope.cos - x2 * rope.sin  # float64 products, cast on store
+    out[..., 1::2] = x1 * rope.sin + x2 * rope.cos
+    return out
 
 
 def _heads(attn, x: torch.Tensor) -> torch.Tensor:
