@@ -55,7 +55,21 @@ class _Cand:
 
 
 class SloPolicy(Policy):
-    """See the module docstring; every option is a dimensionless factor or a count."""
+    """See the module docstring. Options (defaults measured in docs/results/scheduler.md):
+
+    * ``forecast`` — subtract the expected work of future earlier-due arrivals from the time
+      left before each deadline (``forecast_by_priority``: count only same-or-higher priority);
+    * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
+      (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
+    * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a cost
+      in total attainment;
+    * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
+      under a slack guard with ``headroom`` of the time kept spare;
+    * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
+    * ``aging`` — SLO windows past its deadline after which a late request is served first;
+    * ``window`` — how many waiting requests (by deadline) each decision looks at;
+    * ``batching`` — off to run one request per step.
+    """
 
     name = "slo"
 
