@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .bound import clairvoyant_misses, min_misses
 from .cost import CostModel
@@ -91,7 +92,8 @@ def _scenario(args) -> Scenario:
     if args.workload:
         return Scenario(workload=args.workload, **common)
     trace = load_trace(args.trace)
-    return Scenario(trace=trace.requests, trace_timed=trace.has_timestamps, **common)
+    label = Path(args.trace).stem
+    return Scenario(trace=trace.requests, trace_timed=trace.has_timestamps, label=label, **common)
 
 
 def _row(r: dict) -> str:

@@ -35,6 +35,7 @@ class Scenario:
     scale: str = "gpu"
     seeds: tuple[int, ...] = (0,)
     policy_options: dict[str, dict] = field(default_factory=dict)
+    label: str | None = None
 
     def requests_for(self, load: float, seed: int) -> list[Request]:
         """The request list for one seed at ``load``."""
@@ -75,7 +76,7 @@ class Scenario:
         )
 
     def name(self) -> str:
-        return self.workload or "trace"
+        return self.label or self.workload or "trace"
 
 
 def measured_load(requests: list[Request], cost: CostModel) -> float:
