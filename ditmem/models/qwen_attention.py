@@ -32,8 +32,22 @@ class PackedJoint:
     layout: segments = requests, each ``[its text tokens, its image tokens]``;
     txt_pos / img_pos: int64 [T_txt] / [T_img], row of each text / image token in the
     joint packed order; joint_from_parts: int64 [T], row of ``cat([txt, img])`` that
-    lands at each joint row; txt_freqs / img_freqs: complex [T_txt, D/2] / [T_img, D/2].
+    lands at each joint row; txt_freqs / img_freqs: complex [T_txt, D/2] / [T_img, D/2];
+    kv_blocks: the blocked K/V buffer ``[2, num_blocks, block_size, H, D]``, allocated and
+    zeroed by the first layer and overwritten (same rows, padding stays zero) by the next.
     """
+
+    def to_blocks(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter packed joint K and V ``[T, H, D]`` into the reused blocked buffer."""
+        lay = self.layout
+        buf = self.kv_blocks
+        if buf is None or buf.shape[3:] != k.shape[1:] or buf.dtype != k.dtype:
+            buf = k.new_zeros(2, lay.num_blocks, lay.block_size, *k.shape[1:])
+            self.kv_blocks = buf
+        flat = buf.view(2, lay.padded_total, *k.shape[1:])
+        flat[0].index_copy_(0, lay.slots, k)
+        flat[1].index_copy_(0, lay.slots, v)
+        return buf[0], buf[1]
 
     layout: PackedLayout
     txt_pos: torch.Tensor
@@ -41,6 +55,7 @@ class PackedJoint:
     joint_from_parts: torch.Tensor
     txt_freqs: torch.Tensor
     img_freqs: torch.Tensor
+    kv_blocks: torch.Tensor | None = None
 
     @staticmethod
     def build(txt_lens, img_lens, txt_freqs, img_freqs, block_size, device) -> PackedJoint:
@@ -143,8 +158,9 @@ class DitmemQwenAttnProcessor:
             for t, i in ((tq, q), (tk, k), (tv, v))
         )
         lay = p.layout
+        k_blocks, v_blocks = p.to_blocks(jk, jv)
         o = paged_attention(
-            jq, lay.to_blocks(jk), lay.to_blocks(jv), lay.cu_seqlens, lay.block_table, lay.kv_lens
+            jq, k_blocks, v_blocks, lay.cu_seqlens, lay.block_table, lay.kv_lens
         ).flatten(1)
         if single:
             img_o, txt_o = o[n_txt:], o[:n_txt]
