@@ -78,6 +78,14 @@ def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
     return out
 
 
+def _blocked(layout: PackedLayout, x: torch.Tensor) -> torch.Tensor:
+    """Packed rows ``[T, H, D]`` as the layout's block pool; a zero-copy view when every
+    segment fills whole blocks (then the packed layout already is the blocked one)."""
+    if layout.padded_total == layout.total:
+        return x.contiguous().view(layout.num_blocks, layout.block_size, *x.shape[1:])
+    return layout.to_blocks(x)
+
+
 def _heads(attn, x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (attn.heads, -1))
 
@@ -128,7 +136,7 @@ class WanSelfAttention:
         if rope is not None:
             query, key = apply_rope(query, rope), apply_rope(key, rope)
         query, key, value = (t.flatten(0, 1) for t in (query, key, value))
-        out = paged_attention(query, layout.to_blocks(key), layout.to_blocks(value),
+        out = paged_attention(query, _blocked(layout, key), _blocked(layout, value),
                               layout.cu_seqlens, layout.block_table, layout.kv_lens)
         return _output(attn, out.unflatten(0, (batch, seq)), query)
 
@@ -159,8 +167,8 @@ class WanCrossAttention:
             kv_lens = packed.cached.kv_lens
         else:
             key, value = text_kv(attn, text)
-            k_cache = kv_layout.to_blocks(key.flatten(0, 1))
-            v_cache = kv_layout.to_blocks(value.flatten(0, 1))
+            k_cache = _blocked(kv_layout, key.flatten(0, 1))
+            v_cache = _blocked(kv_layout, value.flatten(0, 1))
             table, kv_lens = kv_layout.block_table, kv_layout.kv_lens
         out = paged_attention(flat_q, k_cache, v_cache, q_layout.cu_seqlens, table, kv_lens)
         return _output(attn, out.unflatten(0, (batch, seq)), query)
