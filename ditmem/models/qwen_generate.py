@@ -17,8 +17,9 @@ step can be offloaded and resumed with other companions, bit-identically.
 Equivalence with the stock pipeline: the transformer runs through
 ``ditmem.ops.paged_attention`` instead of SDPA, so latents match to a relative error of
 about 1e-6 (tests assert <= 1e-4) and decoded uint8 images to within 1 level, not bit for
-bit. Against itself the path is deterministic: the same states stepped in the same groups
-give bit-identical latents, whether or not they were offloaded and restored in between.
+bit. Against itself the path is deterministic and batch-invariant (see
+``ditmem.models.packing.MIN_ROWS``): a request's latents are bit-identical whichever
+requests share its steps and whether or not it was offloaded and restored in between.
 """
 
 from __future__ import annotations
