@@ -133,21 +133,26 @@ def backend_for(tensor: torch.Tensor) -> str:
     when the device's native backend is unavailable the reference backend runs and a
     warning names the missing backend and why (never silently).
     """
+    return _select(tensor.device.type)
+
+
+@torch.compiler.assume_constant_result  # torch.compile: decided once, at trace time
+def _select(device_type: str) -> str:
     forced = forced_backend()
     if forced is not None:
         reason = unavailable_reason(forced)
         if reason is not None:
             raise BackendUnavailableError(f"ops backend {forced!r} is unavailable: {reason}")
         return forced
-    native = _DEFAULT_BY_DEVICE.get(tensor.device.type, "reference")
+    native = _DEFAULT_BY_DEVICE.get(device_type, "reference")
     reason = unavailable_reason(native)
     if reason is None:
         return native
     warnings.warn(
-        f"ditmem.ops: backend {native!r} for device {tensor.device.type} is unavailable "
+        f"ditmem.ops: backend {native!r} for device {device_type} is unavailable "
         f"({reason}); running the pure-torch reference backend",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return "reference"
 

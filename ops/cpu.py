@@ -35,8 +35,21 @@ def _copy_blocks_fake(src, dst, mapping):
     return None
 
 
+def _blocks_packed(cache: torch.Tensor) -> bool:
+    """Whether each block [block_size, H_kv, D] is dense (the block stride may be anything)."""
+    _, bs, h, d = cache.shape
+    return cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(1) == h * d
+
+
 def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, scale):
-    """See ditmem.ops.paged_attention (inputs already validated, scale resolved)."""
+    """See ditmem.ops.paged_attention (inputs already validated, scale resolved).
+
+    The kernel reads blocks in place when each block is dense (any block stride, e.g. pages
+    of a larger arena); caches with other layouts are copied to contiguous memory first."""
+    if not _blocks_packed(k_cache):
+        k_cache = k_cache.contiguous()
+    if not _blocks_packed(v_cache):
+        v_cache = v_cache.contiguous()
     return _ops.paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale)
 
 

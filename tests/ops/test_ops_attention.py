@@ -109,3 +109,13 @@ def test_random_ragged_batches_triton(lens, block_size, seed):
     case = make_case([a for a, _ in lens], [b for _, b in lens], heads=2, kv_heads=1, dim=8,
                      block_size=block_size, seed=seed)
     check(run("triton", case), case, torch.float32)
+
+
+@pytest.mark.parametrize("backend", AVAILABLE)
+def test_cache_with_permuted_layout(backend):
+    case = make_case([5, 9], [13, 20], heads=2, kv_heads=2, dim=8, block_size=4, seed=9)
+    k = case.k_cache.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)  # heads outermost
+    v = case.v_cache.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    with ops.use_backend(backend):
+        out = ops.paged_attention(case.q, k, v, *case.args()[3:])
+    check(out, case, torch.float32)

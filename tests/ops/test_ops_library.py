@@ -48,3 +48,9 @@ def test_torch_compile_traces_paged_attention():
     out = compiled(*c.args())
     c.q = c.q * 2
     torch.testing.assert_close(out - 1, sdpa_reference(c, scale=0.5), atol=1e-5, rtol=1e-5)
+
+
+def test_torch_compile_of_the_public_op():
+    c = make_case([4, 7], [9, 5], heads=4, kv_heads=2, dim=8, block_size=4, seed=4)
+    compiled = torch.compile(lambda *a: ops.paged_attention(*a) * 1.0, backend="aot_eager")
+    torch.testing.assert_close(compiled(*c.args()), sdpa_reference(c), atol=1e-5, rtol=1e-5)
