@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ditmem.ops as ops
 
@@ -95,3 +97,24 @@ def test_copy_blocks_large_copies_stream_past_the_caches(backend):
     ops.copy_blocks(src, dst, mapping)
     assert torch.equal(dst[mapping[:, 1]], src[mapping[:, 0]])
     assert pool[:, 0].eq(0).all() and pool[:, (1 << 20) + 4 :].eq(0).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 23), min_size=0, max_size=5), st.sampled_from([1, 3, 4, 8]),
+       st.integers(0, 2**16))
+def test_write_then_gather_round_trips_through_shuffled_pages(lens, block_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 2
+    perm = torch.randperm(num_blocks, generator=g)
+    table = torch.zeros(len(lens), max([*need, 1]), dtype=torch.int32)
+    slots, used = [], 0
+    for b, n in enumerate(lens):
+        table[b, : need[b]] = perm[used : used + need[b]]
+        used += need[b]
+        slots += [int(table[b, r // block_size]) * block_size + r % block_size for r in range(n)]
+    x = torch.randn(sum(lens), 2, 3, generator=g)
+    cache = torch.full((num_blocks, block_size, 2, 3), float("nan"))
+    ops.write_blocks(x, cache, torch.tensor(slots, dtype=torch.int64))
+    out = ops.gather_blocks(cache, table, torch.tensor(lens, dtype=torch.int32))
+    assert torch.equal(out, x)
