@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 from ditmem.engine.report import comparison_table, run_summary
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 
+#: Measured on the development machine by ``ditmem profile`` (in the source tree).
+DEFAULT_PROFILE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "serving"
+                      / "cpu-tiny-measured.json")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image")
-    p.add_argument("--profile", default="measure",
-                   help="'measure' (default): run `ditmem profile` for the demo's shapes first "
-                        "and use it; or a profile name / JSON from `ditmem profile`")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help="profile JSON from `ditmem profile` (default: the one measured on the "
+                        "development machine, so every run replays the same trace), a "
+                        "profile name, or 'measure' to measure one now for the demo shapes")
     p.add_argument("--profile-out", default="demo_profile.json",
                    help="where the measured profile is saved (with --profile measure)")
     p.add_argument("--workload", default="seed-mix")
@@ -118,6 +125,10 @@ def main(args) -> int:
     from ditmem.scheduler import CostModel
 
     set_torch_threads(args.threads)
+    if args.profile == DEFAULT_PROFILE and not Path(DEFAULT_PROFILE).is_file():
+        print(f"ditmem demo: {DEFAULT_PROFILE} is missing; pass --profile FILE (from "
+              "`ditmem profile`) or --profile measure", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     gen = models.load(args.model)
     model_key = scheduler_model(args.model, gen)

@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "workspace + pool)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--max-batch", type=int, default=4)
+    p.add_argument("--frames", type=int, default=1, help="frames per request (video models)")
     add_threads_argument(p)
 
 
@@ -54,17 +55,30 @@ def _fit_line(xs, ys):
     return max(0.0, my - b * mx), b
 
 
-def measure(gen, sides, batches, repeats, pool, log=print) -> dict:
-    """Raw measurements: step points, encode, decode per side, state bytes per side."""
+def _state_bytes(gen, request) -> int:
+    """Bytes of state the generator keeps for ``request`` (its own accounting)."""
+    if callable(getattr(gen, "state_bytes", None)):
+        return int(gen.state_bytes(request))
+    return 4 * gen.estimate_pages(request, 4)  # 4-byte pages: pages x 4 = bytes (fp32)
+
+
+def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
+            frames: int = 1) -> dict:
+    """Raw measurements: step points, encode, decode per side, state bytes per side.
+    ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video."""
     from ditmem.engine.replay import PROMPTS
     from ditmem.models.request import GenerationRequest
+    from ditmem.scheduler.models import tokens_for
+
+    def request(side, i, steps):
+        return GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
+                                 num_inference_steps=steps, num_frames=frames, seed=i,
+                                 request_id=f"p{side}-{i}")
 
     steps, encodes, decodes, state_bytes = [], [], {}, {}
     for side in sides:
-        reqs = [GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
-                                  num_inference_steps=1000, seed=i, request_id=f"p{side}-{i}")
-                for i in range(max(batches))]
-        state_bytes[side] = statistics.mean(4 * gen.estimate_pages(r, 4) for r in reqs)
+        reqs = [request(side, i, 1000) for i in range(max(batches))]
+        state_bytes[side] = statistics.mean(_state_bytes(gen, r) for r in reqs)
         states = []
         for r in reqs:
             t0 = time.perf_counter()
@@ -74,17 +88,24 @@ def measure(gen, sides, batches, repeats, pool, log=print) -> dict:
             batch = states[:b]
             gen.step(batch)  # warm-up
             secs = _median_time(lambda batch=batch: gen.step(batch), repeats)
-            steps.append({"tokens": (side // 16) ** 2, "batch": b, "seconds": secs})
+            steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
+                          "seconds": secs})
             log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
-        for s in states[1:]:
+        for s in states:
             gen.release(s)
-        s = states[0]
-        s.scalars["step"] = len(s.scalars["timesteps"])  # decode what is there
-        decodes[side] = _median_time(lambda s=s: gen.decode(s), max(1, repeats - 1))
+        times = []
+        for i in range(max(1, repeats - 1)):  # a 2-step request run to the end, then decoded
+            s = gen.encode(request(side, i, 2), pool)
+            while not gen.is_done(s):
+                gen.step([s])
+            t0 = time.perf_counter()
+            gen.decode(s)
+            times.append(time.perf_counter() - t0)
+            gen.release(s)
+        decodes[side] = statistics.median(times)
         log(f"  decode {side}x{side}: {1000 * decodes[side]:.1f} ms")
-        gen.release(s)
     return {"steps": steps, "encode_s": statistics.median(encodes[1:] or encodes),
-            "decode_s": decodes, "state_bytes": state_bytes}
+            "decode_s": decodes, "state_bytes": state_bytes, "key": key, "frames": frames}
 
 
 def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
@@ -98,14 +119,16 @@ def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
 
 def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: int,
                   weights_bytes: int, link: float, tool: str = "ditmem profile") -> dict:
-    """The version-1 profile dict for the scheduler key ``qwen-image``."""
+    """The version-1 profile dict for the measured model's scheduler key."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     src = f"measured by `{tool} --model {model}` on this machine, {when}"
     n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
     sides = sorted(m["decode_s"])
-    mpix = [s * s / 1e6 for s in sides]
+    mpix = [s * s * m["frames"] / 1e6 for s in sides]
     fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
-    tokens = [(s // 16) ** 2 for s in sides]
+    from ditmem.scheduler.models import tokens_for
+
+    tokens = [tokens_for(m["key"], s, s, m["frames"]) for s in sides]
     per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in sides])
     workspace = 64 * 2**20
     pool = int(pool_mb * 2**20)
@@ -115,7 +138,7 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
         "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
         "host_bytes": n(4 * pool, "engine default host pool: 4x the device pool"),
         "host_link_bytes_per_s": n(link, "median of 5 copies of a 64 MiB arena"),
-        "models": {"qwen-image": {
+        "models": {m["key"]: {
             "weights_bytes": n(weights_bytes, "sum of parameter bytes of all components"),
             "workspace_bytes": n(workspace, "reserve for step activations (not measured)"),
             "state_bytes_per_token": n(per_tok, "fit of the generator's page accounting"),
@@ -132,12 +155,15 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
 
 def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str = "cpu-tiny",
                     pool_mb: float = 64.0, max_batch: int = 4, page_kb: int = 64,
-                    tool: str = "ditmem profile", log=print) -> dict:
+                    tool: str = "ditmem profile", log=print, frames: int = 1) -> dict:
     """Measure ``gen`` and return the profile dict (see :func:`build_profile`)."""
     from ditmem.memory import PagePool
 
     pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
-    m = measure(gen, sides, batches, repeats, pool, log=log)
+    from ditmem.engine.factory import scheduler_model
+
+    m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
+                frames=frames)
     weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
                   if hasattr(c, "parameters") for p in c.parameters())
     return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
@@ -154,7 +180,7 @@ def main(args) -> int:
     print(f"profiling {args.model}: sides {sides}, batches {batches}")
     profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
                               pool_mb=args.pool_mb, max_batch=args.max_batch,
-                              page_kb=args.page_kb)
+                              page_kb=args.page_kb, frames=args.frames)
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject
