@@ -5,10 +5,10 @@ Wan2.2 TI2V) and text. The pieces, in forward order:
 
 * :func:`embed` — per request: RoPE tables, patch embedding; then the tokens of all
   requests concatenated ``[1, T, dim]`` with their :class:`PackedLayout`, and the timestep
-  conditioning of all requests in one batch: ``temb [R, dim]`` and ``proj [R, 6, dim]``
-  with ``token_rows`` (int64 ``[T]``, which row conditions each token; ``None`` when R is 1);
-* :func:`run_blocks` — transformer blocks ``start .. stop`` with per-token modulation
-  gathered from those rows and ditmem's ragged attention processors;
+  conditioning of every request: ``temb [R, dim]`` and ``proj [R, 6, dim]`` (one row per
+  request, or one per token for per-token timesteps) with each request's row range;
+* :func:`run_blocks` — transformer blocks ``start .. stop`` with each request's tokens
+  modulated by its own rows and ditmem's ragged attention processors;
 * :func:`unembed` — output norm/projection and each request's unpatchify back to
   ``[1, C, F, H, W]``.
 
@@ -32,8 +32,9 @@ class PackedBatch:
 
     hidden: ``[1, T, dim]``; layout: segment b = request b's tokens; grids: post-patch
     ``(frames, height, width)`` per request; temb: ``[R, dim]``; proj: ``[R, 6, dim]``;
-    token_rows: int64 ``[T]`` or ``None`` (R == 1); attention: what the processors read;
-    blocks_done: blocks already run on ``hidden``.
+    segments: per request ``(token slice, row slice)``: its tokens and the conditioning rows
+    that modulate them (one row broadcast, or one row per token); attention: what the
+    processors read; blocks_done: blocks already run on ``hidden``.
     """
 
     hidden: torch.Tensor
@@ -41,7 +42,7 @@ class PackedBatch:
     grids: list[tuple[int, int, int]]
     temb: torch.Tensor
     proj: torch.Tensor
-    token_rows: torch.Tensor | None
+    segments: list[tuple[slice, slice]]
     attention: PackedAttention
     blocks_done: int = 0
 
@@ -80,7 +81,7 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
     [1, S]); text: per request ``[1, L_b, text_dim]`` to embed and pack for cross-attention,
     or ``None`` when the caller supplies cached K/V (``attention.cached``) afterwards.
     """
-    cos, sin, tokens, grids, steps, rows = [], [], [], [], [], []
+    cos, sin, tokens, grids, steps, segments = [], [], [], [], [], []
     p_t, p_h, p_w = model.config.patch_size
     for i, kw in enumerate(requests):
         x = kw["hidden_states"]
@@ -92,9 +93,9 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
         tokens.append(emb.flatten(2).transpose(1, 2)[0])
         grids.append((x.shape[2] // p_t, x.shape[3] // p_h, x.shape[4] // p_w))
         t = _timestep_rows(kw["timestep"], tokens[-1].shape[0]).to(x.device)
-        base = sum(s.numel() for s in steps)
-        n = tokens[-1].shape[0]
-        rows.append(torch.full((n,), base) if t.numel() == 1 else base + torch.arange(n))
+        first_row, first_token = sum(s.numel() for s in steps), sum(len(e) for e in tokens[:-1])
+        segments.append((slice(first_token, first_token + len(tokens[-1])),
+                         slice(first_row, first_row + t.numel())))
         steps.append(t)
     hidden = torch.cat(tokens).unsqueeze(0).contiguous()
     layout = PackedLayout.build([t.shape[0] for t in tokens], device=hidden.device)
@@ -102,7 +103,6 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
     # depend on which requests share the batch (BLAS may pick other kernels for other M).
     temb, proj = (torch.cat(parts) for parts in zip(
         *(_condition(model, t, hidden.dtype) for t in steps), strict=True))
-    token_rows = None if proj.shape[0] == 1 else torch.cat(rows).to(hidden.device)
     rope = RopeTable.from_wan(torch.cat(cos), torch.cat(sin))
     attention = PackedAttention(layout=layout, rope=rope)
     if text is not None:
@@ -110,7 +110,7 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
         attention.text = torch.cat([embedder(e.to(hidden.dtype)) for e in text], dim=1)
         attention.text_layout = PackedLayout.build([e.shape[1] for e in text],
                                                    device=hidden.device)
-    return PackedBatch(hidden, layout, grids, temb, proj, token_rows, attention)
+    return PackedBatch(hidden, layout, grids, temb, proj, segments, attention)
 
 
 def _condition(model, timesteps: torch.Tensor, dtype: torch.dtype):
@@ -125,25 +125,33 @@ def _condition(model, timesteps: torch.Tensor, dtype: torch.dtype):
     return temb, proj.unflatten(1, (6, -1))
 
 
-def _per_token(rows: torch.Tensor, token_rows: torch.Tensor | None) -> torch.Tensor:
-    """``rows [R, dim]`` -> per-token ``[T, dim]`` (or ``[1, dim]`` to broadcast when R=1)."""
-    return rows if token_rows is None else rows.index_select(0, token_rows)
+def _modulate_(x: torch.Tensor, segments, scale: torch.Tensor,
+               shift: torch.Tensor | None = None) -> torch.Tensor:
+    """In place on a fresh float32 ``x [1, T, dim]``: each segment's tokens times its
+    ``scale`` rows (``[R, dim]``), plus its ``shift`` rows when given. Elementwise the same
+    arithmetic as Wan's broadcast ``x * scale + shift``, without per-token copies of the
+    rows."""
+    for tokens, rows in segments:
+        part = x[0, tokens]
+        part.mul_(scale[rows])
+        if shift is not None:
+            part.add_(shift[rows])
+    return x
 
 
 def block_forward(block, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     """One ``WanTransformerBlock`` over packed tokens ``[1, T, dim]``."""
-    table = (block.scale_shift_table + batch.proj.float()).unbind(1)
-    shift, scale, gate, c_shift, c_scale, c_gate = (_per_token(r, batch.token_rows)
-                                                    for r in table)
-    ctx = batch.attention
-    normed = (block.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+    shift, scale, gate, c_shift, c_scale, c_gate = (
+        block.scale_shift_table + batch.proj.float()).unbind(1)
+    seg, ctx = batch.segments, batch.attention
+    normed = _modulate_(block.norm1(hidden.float()), seg, 1 + scale, shift).type_as(hidden)
     attn_out = block.attn1(normed, None, None, None, packed=ctx)
-    hidden = (hidden.float() + attn_out * gate).type_as(hidden)
+    hidden = (hidden.float() + _modulate_(attn_out.float(), seg, gate)).type_as(hidden)
     normed = block.norm2(hidden.float()).type_as(hidden)
     hidden = hidden + block.attn2(normed, None, None, None, packed=ctx)
-    normed = (block.norm3(hidden.float()) * (1 + c_scale) + c_shift).type_as(hidden)
+    normed = _modulate_(block.norm3(hidden.float()), seg, 1 + c_scale, c_shift).type_as(hidden)
     ff_out = block.ffn(normed)
-    return (hidden.float() + ff_out.float() * c_gate).type_as(hidden)
+    return (hidden.float() + _modulate_(ff_out.float(), seg, c_gate)).type_as(hidden)
 
 
 def run_blocks(model, batch: PackedBatch, start: int = 0, stop: int | None = None) -> None:
@@ -159,9 +167,9 @@ def run_blocks(model, batch: PackedBatch, start: int = 0, stop: int | None = Non
 def unembed(model, batch: PackedBatch) -> list[torch.Tensor]:
     """Output norm and projection, then each request's ``[1, C, F, H, W]``."""
     shift, scale = (model.scale_shift_table[0] + batch.temb.unsqueeze(1)).unbind(1)
-    shift, scale = _per_token(shift, batch.token_rows), _per_token(scale, batch.token_rows)
     hidden = batch.hidden
-    hidden = (model.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+    normed = _modulate_(model.norm_out(hidden.float()), batch.segments, 1 + scale, shift)
+    hidden = normed.type_as(hidden)
     hidden = model.proj_out(hidden)[0]
     p_t, p_h, p_w = model.config.patch_size
     outs = []
