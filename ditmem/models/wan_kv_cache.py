@@ -26,15 +26,22 @@ import torch
 from ditmem.memory import PagedTensor, TensorState, rows_per_page
 from ditmem.models.wan_attention import CachedTextKV, text_kv
 
+SUB_BLOCK = 64  # kernel block size inside a page, when the page layout allows it
+
 
 @dataclass(slots=True, frozen=True)
 class CrossKVGeometry:
     """How a transformer's text K/V fill pages: ``groups`` (first layer, layer count) per
-    tensor, ``tokens_per_page`` and ``rows_per_page`` (rows of ``[H, D]``)."""
+    tensor, ``tokens_per_page``, ``rows_per_page`` (rows of ``[H, D]``) and the kernel's
+    ``block_size``: ``tokens_per_page`` (a block is a layer's slice of one page), or
+    :data:`SUB_BLOCK` when pages hold exactly ``rows_per_page`` rows and both counts are
+    multiples of it (then the arena is read as blocks of 64 rows: big pages do not turn
+    into big kernel blocks)."""
 
     groups: tuple[tuple[int, int], ...]
     tokens_per_page: int
     rows_per_page: int
+    block_size: int
 
     def pages(self, text_len: int) -> int:
         """Pages one request branch needs for ``text_len`` text tokens (all groups)."""
@@ -56,7 +63,11 @@ def cross_kv_geometry(num_layers: int, heads: int, head_dim: int, dtype: torch.d
     per_group = max(1, min(num_layers, rpp // (2 * min(64, rpp // 2))))
     tokens = rpp // (2 * per_group)
     groups = tuple((s, min(per_group, num_layers - s)) for s in range(0, num_layers, per_group))
-    return CrossKVGeometry(groups, tokens, rpp)
+    block = tokens
+    if page_bytes == rpp * row and rpp % SUB_BLOCK == 0 and tokens > SUB_BLOCK:
+        tokens = tokens // SUB_BLOCK * SUB_BLOCK
+        block = SUB_BLOCK
+    return CrossKVGeometry(groups, tokens, rpp, block)
 
 
 def geometry_of(model, page_bytes: int) -> CrossKVGeometry:
@@ -165,17 +176,47 @@ def cached_text_kv(model, caches: list[WanCrossKV]) -> CachedTextKV:
         if c.tensors[0].pool is not caches[0].tensors[0].pool:
             raise ValueError(f"requests[{i}]['cross_kv']: lives in another page pool")
     geo = caches[0].geometry
-    tpp = geo.tokens_per_page
     kv_lens = torch.tensor([c.text_len for c in caches], dtype=torch.int32)
     views = []
     for g, (_, count) in enumerate(geo.groups):
         arena = caches[0].tensors[g].kernel_view()  # [num_pages, rows_per_page, H, D]
-        tables = [c.tensors[g].page_table for c in caches]
-        width = max(t.numel() for t in tables)
-        table = torch.zeros(len(caches), width, dtype=torch.int32, device=arena.device)
-        for b, t in enumerate(tables):
-            table[b, : t.numel()] = t
+        table = _block_table([c.tensors[g].page_table for c in caches], geo, arena.device)
         for j in range(count):
-            lo = 2 * j * tpp
-            views.append((arena[:, lo : lo + tpp], arena[:, lo + tpp : lo + 2 * tpp], table))
+            views.append((*_layer_pools(arena, geo, j, count), table))
     return CachedTextKV(views, kv_lens.to(views[0][0].device))
+
+
+def _block_table(page_tables: list[torch.Tensor], geo: CrossKVGeometry, device) -> torch.Tensor:
+    """int32 ``[B, max_blocks]``: each request's blocks in token order. With page blocks
+    that is its page table; with sub-blocks, page ``p`` holds blocks ``p * per_page + i``
+    (``i < tokens_per_page / block_size``) of the arena read as 64-row blocks."""
+    per_token_page = geo.tokens_per_page // geo.block_size
+    per_page = geo.rows_per_page // geo.block_size
+    rows = []
+    for t in page_tables:
+        t = t.to(device=device, dtype=torch.int64)
+        if per_token_page > 1:
+            t = (t[:, None] * per_page + torch.arange(per_token_page, device=device)).flatten()
+        rows.append(t)
+    table = torch.zeros(len(rows), max(r.numel() for r in rows), dtype=torch.int32,
+                        device=device)
+    for b, r in enumerate(rows):
+        table[b, : r.numel()] = r
+    return table
+
+
+def _layer_pools(arena: torch.Tensor, geo: CrossKVGeometry, j: int, count: int):
+    """Key and value block pools of the group's layer ``j`` (same shape, same block ids)."""
+    tpp, bs = geo.tokens_per_page, geo.block_size
+    if bs == tpp:  # one block per page: slice the layer's rows out of every page
+        lo = 2 * j * tpp
+        return arena[:, lo : lo + tpp], arena[:, lo + tpp : lo + 2 * tpp]
+    # Pages are contiguous and hold exactly rows_per_page rows: the arena is a pool of
+    # 64-row blocks. Layer j's keys of page-block i sit 2*j*tpp/bs blocks after the page's
+    # first block, its values tpp/bs blocks later; shifting the pool by that offset lets
+    # both use the same table.
+    blocks = arena.view(-1, bs, *arena.shape[2:])
+    shift = tpp // bs
+    span = blocks.shape[0] - (2 * count - 1) * shift
+    k_off, v_off = 2 * j * shift, (2 * j + 1) * shift
+    return blocks[k_off : k_off + span], blocks[v_off : v_off + span]

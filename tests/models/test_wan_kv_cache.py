@@ -52,7 +52,8 @@ def test_cached_kv_equals_recomputed(model):
                 assert torch.equal(keys[layer], k) and torch.equal(values[layer], v)
 
 
-@pytest.mark.parametrize("page_bytes", [1 << 16, 1 << 9])  # all layers in a page / one each
+# all layers in a page, read as 64-row blocks / one layer per page, page blocks
+@pytest.mark.parametrize("page_bytes", [1 << 16, 1 << 9])
 def test_forward_over_cache_matches_unpatched(model, page_bytes):
     kws = _requests(torch.Generator().manual_seed(1))
     ref = _stock(model, kws)
@@ -99,11 +100,13 @@ def test_attach_refuses_offloaded_tensors(model):
 def test_geometry_and_pool_exhaustion(model):
     geo = cross_kv_geometry(num_layers=40, heads=40, head_dim=128, dtype=torch.bfloat16,
                             page_bytes=64 << 20)  # Wan2.2 A14B, 64 MiB pages
-    assert geo.groups == ((0, 40),) and geo.tokens_per_page == 81
+    assert geo.groups == ((0, 40),) and geo.tokens_per_page == geo.block_size == 81
     assert geo.pages(512) == 7
     small = cross_kv_geometry(num_layers=40, heads=40, head_dim=128, dtype=torch.bfloat16,
                               page_bytes=1 << 20)
     assert len(small.groups) == 40 and small.tokens_per_page == 51
+    exact = cross_kv_geometry(2, 2, 16, torch.float32, page_bytes=1 << 20)  # 8192 rows a page
+    assert exact.tokens_per_page == 2048 and exact.block_size == 64
     with pytest.raises(ValueError, match="page"):
         cross_kv_geometry(2, 2, 16, torch.float32, page_bytes=100)
     with pytest.raises(ValueError, match="page_bytes"):
