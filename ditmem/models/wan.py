@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ditmem.models import wan_packed
+from ditmem.models.qwen_blocks import pad_to_min
 from ditmem.models.wan_attention import WanCrossAttention, WanSelfAttention
 from ditmem.models.wan_kv_cache import WanCrossKV, cached_text_kv, compute_cross_kv
 
@@ -135,7 +136,7 @@ class WanAdapter:
                 if tuple(rows.shape) != (n, batch.hidden.shape[2]):
                     raise ValueError(f"boundary[{i}]: shape {tuple(rows.shape)}, expected "
                                      f"({n}, {batch.hidden.shape[2]})")
-            batch.hidden = torch.cat(boundary).to(batch.hidden.dtype).unsqueeze(0)
+            batch.hidden = pad_to_min(torch.cat(boundary).to(batch.hidden.dtype)).unsqueeze(0)
             batch.blocks_done = start_block
         return batch
 

@@ -86,6 +86,13 @@ def _blocked(layout: PackedLayout, x: torch.Tensor) -> torch.Tensor:
     return layout.to_blocks(x)
 
 
+def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x [n, ...]`` followed by zero rows up to ``rows`` (the packed stream's padding)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
+
+
 def _heads(attn, x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (attn.heads, -1))
 
@@ -130,15 +137,19 @@ class WanSelfAttention:
         batch, seq = hidden_states.shape[:2]
         if packed is None:
             layout = PackedLayout.build([seq] * batch, device=hidden_states.device)
-            rope = RopeTable.from_wan(*rotary_emb) if rotary_emb is not None else None
+            rope = None
+            if rotary_emb is not None:  # [1, S, 1, D] tables, the same for every batch item
+                cos, sin = (t[0].repeat(batch, 1, 1) for t in rotary_emb)
+                rope = RopeTable.from_wan(cos, sin)
         else:
             layout, rope = packed.layout, packed.rope
+        rows = layout.total  # packed hidden may carry padding rows after the real tokens
+        query, key, value = (t.flatten(0, 1)[:rows] for t in (query, key, value))
         if rope is not None:
             query, key = apply_rope(query, rope), apply_rope(key, rope)
-        query, key, value = (t.flatten(0, 1) for t in (query, key, value))
         out = paged_attention(query, _blocked(layout, key), _blocked(layout, value),
                               layout.cu_seqlens, layout.block_table, layout.kv_lens)
-        return _output(attn, out.unflatten(0, (batch, seq)), query)
+        return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)
 
 
 class WanCrossAttention:
@@ -154,7 +165,6 @@ class WanCrossAttention:
         _check_stock_call(attn, attention_mask)
         query = _heads(attn, attn.norm_q(attn.to_q(hidden_states)))
         batch, seq = hidden_states.shape[:2]
-        flat_q = query.flatten(0, 1)
         if packed is None:
             q_layout = PackedLayout.build([seq] * batch, device=hidden_states.device)
             kv_layout = PackedLayout.build([encoder_hidden_states.shape[1]] * batch,
@@ -167,9 +177,10 @@ class WanCrossAttention:
             kv_lens = packed.cached.kv_lens
         else:
             key, value = text_kv(attn, text)
-            k_cache = _blocked(kv_layout, key.flatten(0, 1))
-            v_cache = _blocked(kv_layout, value.flatten(0, 1))
+            k_cache = _blocked(kv_layout, key.flatten(0, 1)[: kv_layout.total])
+            v_cache = _blocked(kv_layout, value.flatten(0, 1)[: kv_layout.total])
             table, kv_lens = kv_layout.block_table, kv_layout.kv_lens
+        flat_q = query.flatten(0, 1)[: q_layout.total]
         out = paged_attention(flat_q, k_cache, v_cache, q_layout.cu_seqlens, table, kv_lens)
-        return _output(attn, out.unflatten(0, (batch, seq)), query)
+        return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)
 

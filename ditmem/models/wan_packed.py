@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ditmem.models.packing import PackedLayout
+from ditmem.models.qwen_blocks import pad_to_min
 from ditmem.models.wan_attention import PackedAttention, RopeTable
 
 
@@ -30,7 +31,8 @@ from ditmem.models.wan_attention import PackedAttention, RopeTable
 class PackedBatch:
     """Activations and conditioning of B packed requests.
 
-    hidden: ``[1, T, dim]``; layout: segment b = request b's tokens; grids: post-patch
+    hidden: ``[1, T', dim]``, the T real tokens then zero rows up to ``T' = max(T, 16)``;
+    layout: segment b = request b's tokens; grids: post-patch
     ``(frames, height, width)`` per request; temb: ``[R, dim]``; proj: ``[R, 6, dim]``;
     segments: per request ``(token slice, row slice)``: its tokens and the conditioning rows
     that modulate them (one row broadcast, or one row per token); attention: what the
@@ -49,7 +51,7 @@ class PackedBatch:
     def boundary(self) -> list[torch.Tensor]:
         """Per request, its hidden rows ``[S_b, dim]`` at the current block boundary (views):
         everything a step paused here cannot cheaply recompute."""
-        return self.layout.split(self.hidden[0])
+        return self.layout.split(self.hidden[0, : self.layout.total])
 
 
 def _timestep_rows(timestep, num_tokens: int) -> torch.Tensor:
@@ -97,7 +99,10 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
         segments.append((slice(first_token, first_token + len(tokens[-1])),
                          slice(first_row, first_row + t.numel())))
         steps.append(t)
-    hidden = torch.cat(tokens).unsqueeze(0).contiguous()
+    # At least MIN_ROWS rows (zero padding after the real tokens): MKL's sgemm gives other
+    # bits for a row of a matrix with fewer than ~12 rows, which would make a tiny request's
+    # result depend on whether it runs alone or packed with others.
+    hidden = pad_to_min(torch.cat(tokens)).unsqueeze(0).contiguous()
     layout = PackedLayout.build([t.shape[0] for t in tokens], device=hidden.device)
     # Conditioning per request (not one batched MLP): a request's modulation then does not
     # depend on which requests share the batch (BLAS may pick other kernels for other M).
@@ -107,7 +112,8 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
     attention = PackedAttention(layout=layout, rope=rope)
     if text is not None:
         embedder = model.condition_embedder.text_embedder
-        attention.text = torch.cat([embedder(e.to(hidden.dtype)) for e in text], dim=1)
+        rows = torch.cat([embedder(e.to(hidden.dtype))[0] for e in text])
+        attention.text = pad_to_min(rows).unsqueeze(0)
         attention.text_layout = PackedLayout.build([e.shape[1] for e in text],
                                                    device=hidden.device)
     return PackedBatch(hidden, layout, grids, temb, proj, segments, attention)
@@ -170,7 +176,7 @@ def unembed(model, batch: PackedBatch) -> list[torch.Tensor]:
     hidden = batch.hidden
     normed = _modulate_(model.norm_out(hidden.float()), batch.segments, 1 + scale, shift)
     hidden = normed.type_as(hidden)
-    hidden = model.proj_out(hidden)[0]
+    hidden = model.proj_out(hidden)[0, : batch.layout.total]
     p_t, p_h, p_w = model.config.patch_size
     outs = []
     for seg, (f, h, w) in zip(batch.layout.split(hidden), batch.grids, strict=True):

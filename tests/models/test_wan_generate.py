@@ -205,7 +205,9 @@ def test_no_room_for_boundary_changes_nothing(gen):
 def test_a_request_is_batch_invariant(gen):
     """Conditioning is per request and every other op is row-wise, so a request's latents
     do not depend on which requests share its steps (same device, dtype and threads)."""
-    requests = _requests()
+    requests = _requests() + [  # 6 video tokens: below the row count where MKL's bits change
+        dm.GenerationRequest("tiny", width=32, height=48, num_frames=1, num_inference_steps=3,
+                             guidance_scale=1.0, seed=4, request_id="d")]
     alone = [_run(gen, [r], PagePool(256, PAGE))[0] for r in requests]
     together = _run(gen, requests, PagePool(512, PAGE))
     for a, b in zip(alone, together, strict=True):
