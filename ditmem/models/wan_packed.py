@@ -54,24 +54,25 @@ class PackedBatch:
         return self.layout.split(self.hidden[0, : self.layout.total])
 
 
-def _timestep_rows(timestep, num_tokens: int) -> torch.Tensor:
+def _timestep_rows(i: int, timestep, num_tokens: int) -> torch.Tensor:
     """A request's timesteps as a 1-D tensor: 1 row (scalar) or ``num_tokens`` rows."""
     t = torch.as_tensor(timestep)
     if t.dim() == 2 and t.shape == (1, num_tokens):
         return t[0]
     if t.numel() == 1:
         return t.reshape(1)
-    raise ValueError(f"timestep: shape {tuple(t.shape)} is neither [1] nor [1, {num_tokens}]")
+    raise ValueError(f"requests[{i}]['timestep']: shape {tuple(t.shape)} is neither [1] nor "
+                     f"[1, {num_tokens}]")
 
 
 def _check_hidden(model, i: int, x) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 5 or x.shape[0] != 1:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"kwargs[{i}]['hidden_states']: expected [1, C, F, H, W], got {shape}")
+        raise ValueError(f"requests[{i}]['hidden_states']: expected [1, C, F, H, W], got {shape}")
     p_t, p_h, p_w = model.config.patch_size
     if x.shape[1] != model.config.in_channels or x.shape[2] % p_t or x.shape[3] % p_h or \
             x.shape[4] % p_w:
-        raise ValueError(f"kwargs[{i}]['hidden_states']: shape {tuple(x.shape)} needs "
+        raise ValueError(f"requests[{i}]['hidden_states']: shape {tuple(x.shape)} needs "
                          f"{model.config.in_channels} channels and F, H, W divisible by "
                          f"the patch {tuple(model.config.patch_size)}")
 
@@ -94,7 +95,7 @@ def embed(model, requests: list[dict], text: list[torch.Tensor] | None) -> Packe
         emb = model.patch_embedding(x.to(model.patch_embedding.weight.dtype))
         tokens.append(emb.flatten(2).transpose(1, 2)[0])
         grids.append((x.shape[2] // p_t, x.shape[3] // p_h, x.shape[4] // p_w))
-        t = _timestep_rows(kw["timestep"], tokens[-1].shape[0]).to(x.device)
+        t = _timestep_rows(i, kw["timestep"], tokens[-1].shape[0]).to(x.device)
         first_row, first_token = sum(s.numel() for s in steps), sum(len(e) for e in tokens[:-1])
         segments.append((slice(first_token, first_token + len(tokens[-1])),
                          slice(first_row, first_row + t.numel())))
