@@ -40,12 +40,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "2048->256; see docs/results/serving.md for why not 2)")
     p.add_argument("--policies", default="fifo,slo")
     p.add_argument("--pool-mb", type=float, default=64.0)
-    p.add_argument("--decode-workers", type=int, default=1,
-                   help="VAE decode threads beside the step loop (0: inline, as simulated)")
+    p.add_argument("--decode-workers", type=int, default=0,
+                   help="VAE decode threads beside the step loop (default 0: inline, as "
+                        "simulated; the worker's queue is FIFO, outside the policy)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--mode", choices=("parallel", "sequential"), default="sequential",
+                   help="sequential (default): one policy after the other in this process; "
+                        "parallel: one process per policy, replays started together (both "
+                        "see the same background load, but they also share the cores, so "
+                        "the profile must be measured that way too)")
     add_threads_argument(p)
 
 
@@ -112,16 +118,70 @@ def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int) 
     return summarize(result.records)
 
 
-def main(args) -> int:
-    from ditmem import models
-    from ditmem.engine.factory import (
-        EngineConfig,
-        make_policy_and_cost,
-        make_pools,
-        scheduler_model,
-    )
+def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dict:
+    """Replay ``trace`` under policy ``name`` on a fresh engine; the raw outcome (picklable).
+    ``barrier``: wait on it just before the replay (parallel mode starts all together)."""
+    from ditmem.engine.factory import EngineConfig, make_policy_and_cost, make_pools
     from ditmem.engine.loop import Engine
     from ditmem.engine.replay import replay
+
+    config = EngineConfig(model=args.model, pool_mb=args.pool_mb, page_kb=args.page_kb,
+                          max_queued=max(256, 2 * args.requests))
+    policy, cost = make_policy_and_cost(name, args.profile)
+    pool, host = make_pools(config, "cpu")
+    engine = Engine(gen, policy, cost, pool, host, model=model_key,
+                    max_queued=config.max_queued, decode_workers=args.decode_workers).start()
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req")
+    if barrier is not None:
+        barrier.wait()
+    t0 = time.perf_counter()
+    records, services = replay(engine, trace, progress=bar)
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    engine.drain(60)
+    return {"records": records, "services": services, "stats": engine.stats(), "wall": wall,
+            "leaked": pool.num_used_pages + host.num_used_pages,
+            "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
+
+
+def _child(args, name, trace, barrier, out_queue) -> None:
+    """One policy in its own process (parallel mode)."""
+    from ditmem import models
+    from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
+
+    set_torch_threads(args.threads)
+    gen = models.load(args.model)
+    pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
+    warm_up(gen, trace, pool)
+    out_queue.put((name, run_policy(gen, name, trace, args, scheduler_model(args.model, gen),
+                                    barrier)))
+
+
+def run_parallel(names, trace, args) -> dict:
+    """Each policy in its own process, all replays started together: on a shared machine
+    both see the same background load at the same time."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue))
+             for n in names]
+    for p in procs:
+        p.start()
+    outcomes = dict(out_queue.get() for _ in names)
+    for p in procs:
+        p.join()
+    return outcomes
+
+
+def main(args) -> int:
+    from ditmem import models
+    from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
     from ditmem.scheduler import CostModel
 
     set_torch_threads(args.threads)
@@ -135,30 +195,19 @@ def main(args) -> int:
     if args.profile == "measure":
         args.profile = calibrate(gen, args)
     trace = build_trace(args, CostModel.load(args.profile))
-    config = EngineConfig(model=args.model, pool_mb=args.pool_mb, page_kb=args.page_kb,
-                          max_queued=max(256, 2 * args.requests))
-    pool, host = make_pools(config, "cpu")
-    warm_up(gen, trace, pool)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.mode == "parallel":
+        outcomes = run_parallel(names, trace, args)
+    else:
+        pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
+        warm_up(gen, trace, pool)
+        outcomes = {n: run_policy(gen, n, trace, args, model_key) for n in names}
     results = {}
-    for name in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        policy, cost = make_policy_and_cost(name, args.profile)
-        pool, host = make_pools(config, "cpu")
-        engine = Engine(gen, policy, cost, pool, host, model=model_key,
-                        max_queued=config.max_queued,
-                        decode_workers=args.decode_workers).start()
-        bar = None
-        if not args.no_progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req")
-        t0 = time.perf_counter()
-        records, services = replay(engine, trace, progress=bar)
-        wall = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
-        engine.drain(60)
-        results[name] = run_summary(records, services, engine.stats(), wall, pool)
-        sim = predict(trace, name, args.profile, pool.page_bytes, pool.num_pages)
+    for name in names:
+        o = outcomes[name]
+        results[name] = run_summary(o["records"], o["services"], o["stats"], o["wall"],
+                                    o["leaked"])
+        sim = predict(trace, name, args.profile, o["page_bytes"], o["num_pages"])
         results[name]["sim_slo_attainment"] = sim["slo_attainment"]
         results[name]["sim_p95_s"] = sim["p95_s"]
         results[name]["sim_p50_s"] = sim["p50_s"]
@@ -166,7 +215,7 @@ def main(args) -> int:
         "command": "demo", "model": args.model, "workload": args.workload,
         "device": args.profile, "load": args.load, "arrival": args.arrival,
         "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
-        "decode_workers": args.decode_workers,
+        "decode_workers": args.decode_workers, "mode": args.mode,
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
         "total_wall_s": time.perf_counter() - started,
     }

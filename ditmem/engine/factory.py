@@ -70,8 +70,13 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
     if generator is None:
         generator = models.load(config.model, device=config.device)
     policy, cost = make_policy_and_cost(config.policy, cost or config.profile)
+    key = scheduler_model(config.model, generator)
+    try:
+        cost.max_batch(key)
+    except ValueError as exc:
+        raise ValueError(f"profile: {exc}; measure one with `ditmem profile --model "
+                         f"{config.model} --out FILE` and pass --profile FILE") from None
     pool, host = make_pools(config, config.device)
-    return Engine(generator, policy, cost, pool, host,
-                  model=scheduler_model(config.model, generator),
+    return Engine(generator, policy, cost, pool, host, model=key,
                   max_active=config.max_active, max_queued=config.max_queued,
                   slo_scale=config.slo_scale, decode_workers=config.decode_workers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 
-def run_summary(records, services, stats, wall_s: float, pool=None) -> dict:
+def run_summary(records, services, stats, wall_s: float, pages_leaked: int | None = None) -> dict:
     """``summarize(records)`` plus ``latencies_s``, ``wall_s``, ``measured_load`` (arrival
     rate × mean running seconds of a completed request), engine counters and leaks."""
     from ditmem.scheduler.metrics import summarize
@@ -29,8 +29,8 @@ def run_summary(records, services, stats, wall_s: float, pool=None) -> dict:
     out["preemptions_total"] = stats.preemptions
     out["bytes_offloaded"] = stats.bytes_offloaded
     out["steps"] = stats.steps
-    if pool is not None:
-        out["pages_leaked"] = pool.num_used_pages
+    if pages_leaked is not None:
+        out["pages_leaked"] = pages_leaked
     return out
 
 

@@ -74,3 +74,19 @@ def test_in_flight_cap_and_rejections():
     eng.drain(10)
     with pytest.raises(EngineStopped):
         eng.submit(req(100))
+
+
+def test_profile_without_the_model_is_a_clear_error():
+    from ditmem.engine.factory import EngineConfig, build_engine
+
+    with pytest.raises(ValueError, match="ditmem profile --model tiny-wan"):
+        build_engine(EngineConfig(model="tiny-wan"), generator=ToyGenerator(),
+                     cost=CostModel.from_dict(table_profile()))
+
+
+def test_nvtx_ranges_are_a_no_op_without_nvtx():
+    from ditmem.engine import tracing
+
+    with tracing.stage_range("step", "batch=2"):
+        pass
+    assert tracing.NVTX_AVAILABLE == (__import__("importlib").util.find_spec("nvtx") is not None)
