@@ -7,8 +7,9 @@
 * the stock call ``attn(hidden [B, S, dim], encoder_hidden_states, None, rotary_emb)`` made
   by ``WanTransformer3DModel.forward`` on a patched model: each batch item becomes one
   segment of a ragged batch, so the patched model returns what the stock one does;
-* the packed call of ``forward_packed``: ``hidden [1, T, dim]`` holds B requests' tokens
-  back to back and ``packed=`` (a :class:`PackedAttention`) says where each request's
+* the packed call of ``forward_packed``: ``hidden [1, T', dim]`` holds B requests' T
+  tokens back to back (then zero rows up to T' >= 16, see wan_packed) and ``packed=`` (a
+  :class:`PackedAttention`) says where each request's
   tokens, RoPE tables and text keys/values are. Metadata travels as this keyword argument
   (``WanAttention.forward`` hands extra keywords to its processor), never as global state.
 
