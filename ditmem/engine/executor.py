@@ -81,7 +81,10 @@ class PlanExecutor:
         if not self.has_work():
             self.publish()
             return False
-        plan = self.engine.policy.schedule(self.engine.clock(), self.view())
+        t0 = self.engine.clock()
+        plan = self.engine.policy.schedule(t0, self.view())
+        self.stats.schedule_s += self.engine.clock() - t0
+        self.stats.iterations += 1
         if plan.idle:
             self.publish()
             return False

@@ -29,6 +29,8 @@ def run_summary(records, services, stats, wall_s: float, pages_leaked: int | Non
     out["preemptions_total"] = stats.preemptions
     out["bytes_offloaded"] = stats.bytes_offloaded
     out["steps"] = stats.steps
+    out["iterations"] = stats.iterations
+    out["schedule_s"] = stats.schedule_s
     if pages_leaked is not None:
         out["pages_leaked"] = pages_leaked
     return out

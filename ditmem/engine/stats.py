@@ -11,7 +11,8 @@ class EngineStats:
     device), ``paused`` (active and not in the last step batch), ``offloaded`` (state on the
     host), page counts of both pools. Counters (since start): bytes moved each way,
     ``preemptions`` (a request that stepped in one iteration and not in the next while
-    unfinished), ``steps`` (packed step batches), finished requests by outcome, and SLO
+    unfinished), ``steps`` (packed step batches), ``iterations`` and ``schedule_s`` (time
+    spent in ``policy.schedule``), finished requests by outcome, and SLO
     met/missed per priority 0/1/2 among completed requests."""
 
     queued: int = 0
@@ -25,6 +26,8 @@ class EngineStats:
     bytes_restored: int = 0
     preemptions: int = 0
     steps: int = 0
+    iterations: int = 0
+    schedule_s: float = 0.0
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
