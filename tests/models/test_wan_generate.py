@@ -80,7 +80,10 @@ def test_recomputed_text_kv_path_matches_cached(gen):
     plain = dm.load("tiny-wan", cache_cross_kv=False, max_sequence_length=TEXT)
     requests = _requests()[:2]
     cached = _run(gen, requests, PagePool(512, PAGE))
-    recomputed = _run(plain, requests, PagePool(512, PAGE))
+    pool = PagePool(512, PAGE)
+    recomputed = _run(plain, requests, pool)
+    assert pool.num_pages - pool.num_free_pages == sum(
+        plain.estimate_pages(r, PAGE) for r in requests)
     for a, b in zip(cached, recomputed, strict=True):
         assert "prompt_embeds.cond" in b and "prompt_embeds.cond" not in a
         assert _rel(gen.latents(a), plain.latents(b)) <= 1e-5
