@@ -36,15 +36,11 @@ from ditmem.models import wan_state as ws
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
+from ditmem.models.wan_pipeline import decode_latents, load_pipeline, run_reference
 from ditmem.models.wan_shapes import WanShapes
 from ditmem.models.wan_solver import SolverSchedules, init_solver, solver_order, unipc_step
 
 CFG = ws.BRANCHES
-
-
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """float frames in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` rounds."""
-    return (frames * 255).round().astype(np.uint8)
 EXPERTS = ("transformer", "transformer_2")
 
 
@@ -81,23 +77,7 @@ class WanGenerator:
         """``"tiny-wan"`` builds the embedded pipeline (weights from ``seed``; ``two_experts``
         adds a Wan2.2-A14B-like second transformer); a folder with ``model_index.json``
         loads real weights with ``WanPipeline.from_pretrained``. kwargs go to ``__init__``."""
-        if name_or_path == "tiny-wan":
-            from ditmem.models.wan_tiny import build_pipeline
-
-            pipe = build_pipeline(seed=seed, dtype=dtype, device=str(device),
-                                  two_experts=two_experts)
-        else:
-            import importlib.util
-
-            from diffusers import WanPipeline
-
-            if importlib.util.find_spec("accelerate") is None:
-                raise RuntimeError(
-                    f"load({name_or_path!r}): diffusers loads WanTransformer3DModel (whose "
-                    "norms and modulation stay float32) only with the `accelerate` package, "
-                    "which is not installed")
-            pipe = WanPipeline.from_pretrained(name_or_path, torch_dtype=dtype).to(device)
-            pipe.set_progress_bar_config(disable=True)
+        pipe = load_pipeline(name_or_path, device, dtype, seed, two_experts)
         return cls(pipe, name=name_or_path, **kwargs)
 
     # ---------------------------------------------------------------- requests
@@ -313,45 +293,21 @@ class WanGenerator:
         """The state's current latents ``[1, C, F, H, W]`` (a copy)."""
         return state.get("latents")
 
-    @torch.no_grad()
     def decode(self, state: RequestState) -> np.ndarray:
         """VAE-decode a finished state to ``uint8 [F, H, W, 3]``."""
         if not self.is_done(state):
             done, total = self.progress(state)
             raise ValueError(f"decode: state {state.request_id} has run {done} of {total} steps")
-        p = self.pipe
-        x = state.get("latents").to(p.vae.device, p.vae.dtype)
-        z = p.vae.config.z_dim
-        mean = torch.tensor(p.vae.config.latents_mean).view(1, z, 1, 1, 1).to(x.device, x.dtype)
-        inv_std = 1.0 / torch.tensor(p.vae.config.latents_std).view(1, z, 1, 1, 1).to(
-            x.device, x.dtype)
-        video = p.vae.decode(x / inv_std + mean, return_dict=False)[0]
-        return to_uint8(p.video_processor.postprocess_video(video, output_type="np")[0])
+        return decode_latents(self.pipe, state.get("latents"))
 
     def release(self, state: RequestState) -> None:
         """Free the state's pages (idempotent)."""
         state.free()
 
     # ---------------------------------------------------------------- oracle
-    @torch.no_grad()
     def reference(self, request: GenerationRequest, output: str = "video"):
         """The stock pipeline's ``__call__`` (original processors) for ``request``:
         ``uint8 [F, H, W, 3]``, or with ``output="latents"`` the final latents."""
         self.shapes.check(request)
-        if output not in ("video", "latents"):
-            raise ValueError(f"output: must be 'video' or 'latents', got {output!r}")
-        for a in self.adapters.values():
-            a.unpatch()
-        try:
-            frames = self.pipe(
-                prompt=request.prompt, negative_prompt=request.negative_prompt,
-                height=request.height, width=request.width, num_frames=request.num_frames,
-                num_inference_steps=request.num_inference_steps,
-                guidance_scale=request.guidance_scale,
-                generator=torch.Generator("cpu").manual_seed(request.seed),
-                max_sequence_length=self.max_sequence_length,
-                output_type="latent" if output == "latents" else "np").frames
-        finally:
-            for a in self.adapters.values():
-                a.repatch()
-        return frames if output == "latents" else to_uint8(frames[0])
+        return run_reference(self.pipe, self.adapters.values(), request,
+                             self.max_sequence_length, output)

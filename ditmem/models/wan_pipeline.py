@@ -1,0 +1,74 @@
+"""The stock ``WanPipeline`` pieces the Wan generator calls: loading, VAE decoding exactly
+as ``__call__`` ends, and ``__call__`` itself as the equivalence oracle."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+from ditmem.models.request import GenerationRequest
+
+
+def load_pipeline(name_or_path: str, device, dtype: torch.dtype, seed: int,
+                  two_experts: bool):
+    """``"tiny-wan"``: the embedded pipeline (weights from ``seed``; ``two_experts`` adds a
+    Wan2.2-A14B-like ``transformer_2``); else a diffusers folder via ``from_pretrained``."""
+    if name_or_path == "tiny-wan":
+        from ditmem.models.wan_tiny import build_pipeline
+
+        return build_pipeline(seed=seed, dtype=dtype, device=str(device),
+                              two_experts=two_experts)
+    from diffusers import WanPipeline
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise RuntimeError(
+            f"load({name_or_path!r}): diffusers loads WanTransformer3DModel (whose norms and "
+            "modulation stay float32) only with the `accelerate` package, which is not "
+            "installed")
+    pipe = WanPipeline.from_pretrained(name_or_path, torch_dtype=dtype).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """float frames in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` rounds."""
+    return (frames * 255).round().astype(np.uint8)
+
+
+@torch.no_grad()
+def decode_latents(pipe, latents: torch.Tensor) -> np.ndarray:
+    """Latents ``[1, C, F, H, W]`` -> ``uint8 [F', H', W', 3]``: de-normalise, VAE decode
+    and postprocess as the end of ``WanPipeline.__call__`` does."""
+    x = latents.to(pipe.vae.device, pipe.vae.dtype)
+    cfg = pipe.vae.config
+    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
+    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(
+        x.device, x.dtype)
+    video = pipe.vae.decode(x / inv_std + mean, return_dict=False)[0]
+    return to_uint8(pipe.video_processor.postprocess_video(video, output_type="np")[0])
+
+
+@torch.no_grad()
+def run_reference(pipe, adapters, request: GenerationRequest, max_sequence_length: int,
+                  output: str):
+    """``pipe.__call__`` with the original attention processors (``adapters`` unpatched for
+    the call): ``uint8 [F, H, W, 3]``, or the final latents with ``output="latents"``."""
+    if output not in ("video", "latents"):
+        raise ValueError(f"output: must be 'video' or 'latents', got {output!r}")
+    for a in adapters:
+        a.unpatch()
+    try:
+        frames = pipe(
+            prompt=request.prompt, negative_prompt=request.negative_prompt,
+            height=request.height, width=request.width, num_frames=request.num_frames,
+            num_inference_steps=request.num_inference_steps,
+            guidance_scale=request.guidance_scale,
+            generator=torch.Generator("cpu").manual_seed(request.seed),
+            max_sequence_length=max_sequence_length,
+            output_type="latent" if output == "latents" else "np").frames
+    finally:
+        for a in adapters:
+            a.repatch()
+    return frames if output == "latents" else to_uint8(frames[0])
