@@ -14,16 +14,18 @@ kept); ``cache_cross_kv=False`` keeps ``prompt_embeds`` and recomputes K/V every
 
 ``step_blocks`` runs a step in chunks of blocks; between chunks a request's hidden rows
 sit in its pages, so it can be offloaded and resumed in other pages (``step`` = all blocks).
-One ``step`` runs one packed forward per transformer in use (Wan2.1 and Wan2.2 5B: always
-one; Wan2.2 A14B: the high-noise and low-noise expert each get one when the batch holds
-requests on both sides of the boundary), CFG branches as extra segments.
+One ``step`` runs one packed forward per transformer in use (Wan2.1: always one; Wan2.2
+A14B: the high-noise and low-noise expert each get one when the batch holds requests on
+both sides of the boundary), CFG branches as extra segments. Wan2.2 TI2V pipelines
+(``expand_timesteps``) and image-conditioned Wan are refused.
 
 Equivalence with the stock pipeline: attention runs through ``ditmem.ops.paged_attention``
 (not SDPA) and the requests share GEMMs, so latents match to a relative error of about
 1e-6 on the tiny model (tests assert <= 1e-4) and decoded uint8 frames to within 1 level,
-not bit for bit. Against itself the path is deterministic: the same states stepped in the
-same groups give bit-identical latents whether or not they were offloaded and restored in
-between (into other pages).
+not bit for bit. Against itself the path is deterministic and batch-invariant (see
+wan_packed): a request's latents are bit-identical whichever requests share its steps and
+whether or not it was offloaded and restored in between (into other pages), on the same
+device, dtype and thread count.
 """
 
 from __future__ import annotations
