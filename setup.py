@@ -74,6 +74,7 @@ setup(
         "numpy",
         "einops",
         "diffusers>=0.35",
+        "accelerate",
         "transformers>=4.51",
         "tokenizers",
         "tqdm",
