@@ -65,10 +65,6 @@ class GenerationResult:
     def slo_met(self) -> bool:
         return 1000.0 * self.timing.latency_s <= self.slo_ms
 
-    @property
-    def ok(self) -> bool:
-        return True
-
 
 @dataclass(slots=True)
 class Ticket:

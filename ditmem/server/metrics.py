@@ -81,8 +81,8 @@ class ServerMetrics:
         self.step_seconds.observe(seconds)
 
     def on_finish(self, result) -> None:
-        if result.ok:
-            self.request_seconds.labels(str(result.priority)).observe(result.timing.latency_s)
+        """Called for completed requests only (failures are counted by the engine)."""
+        self.request_seconds.labels(str(result.priority)).observe(result.timing.latency_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
