@@ -3,6 +3,7 @@
     ditmem sim --workload seed-mix --policy fifo,srtf,slo --load 0.8 --device h200 \\
                [--arrival poisson|gamma:CV] [--requests N] [--seed S] [--seeds K] \\
                [--slo-scale 3] [--json OUT] [--sweep [--plot OUT.png]] [--bound]
+               [--preemption step|block [--block-chunk K]]
 
 Prints one row per policy. ``--json`` writes a list of objects (one per policy and load)
 with ``policy, workload, load, device, requests, slo_attainment, p50_s, p95_s, p99_s,
@@ -62,6 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="POLICY.KEY=VALUE",
         help="policy option, e.g. slo.protect=0.3 (repeatable)",
     )
+    parser.add_argument(
+        "--preemption",
+        choices=("step", "block"),
+        default="step",
+        help="pause only between steps, or also between chunks of transformer blocks",
+    )
+    parser.add_argument(
+        "--block-chunk",
+        type=int,
+        metavar="K",
+        help="with --preemption block: K blocks per chunk (default: chosen from the cost model)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -78,6 +91,11 @@ def _options(items: list[str]) -> dict[str, dict]:
 
 
 def _scenario(args) -> Scenario:
+    if args.block_chunk is not None:
+        if args.preemption != "block":
+            raise ValueError("--block-chunk needs --preemption block")
+        if args.block_chunk < 1:
+            raise ValueError(f"--block-chunk must be >= 1, got {args.block_chunk}")
     cost = CostModel.load(args.device)
     seeds = tuple(range(args.seed, args.seed + max(1, args.seeds)))
     common = dict(
@@ -88,6 +106,8 @@ def _scenario(args) -> Scenario:
         scale=args.scale,
         seeds=seeds,
         policy_options=_options(args.opt),
+        preemption=args.preemption,
+        block_chunk=args.block_chunk,
     )
     if args.workload:
         return Scenario(workload=args.workload, **common)

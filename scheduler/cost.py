@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from .models import tokens_for
+from .models import geometry, tokens_for
 from .plan import StepReport
 from .profiles import load_profile, parse_profile
 from .request import Request
@@ -86,11 +86,52 @@ class CostModel:
         step = self.step_time(request.model, [self.tokens(request)])
         return self.encode_time(request) + request.steps * step + self.decode_time(request)
 
-    def remaining_time(self, request: Request, steps_done: int) -> float:
-        """Seconds still needed alone after ``steps_done`` steps (encode included if 0)."""
+    def remaining_time(self, request: Request, steps_done: int, blocks_done: int = 0) -> float:
+        """Seconds still needed alone after ``steps_done`` steps and ``blocks_done`` blocks of
+        the next one (encode included if nothing ran yet)."""
         step = self.step_time(request.model, [self.tokens(request)])
-        rest = (request.steps - steps_done) * step + self.decode_time(request)
-        return rest + (self.encode_time(request) if steps_done == 0 else 0.0)
+        left = request.steps - steps_done - blocks_done / self.blocks(request.model)
+        rest = left * step + self.decode_time(request)
+        started = steps_done > 0 or blocks_done > 0
+        return rest + (0.0 if started else self.encode_time(request))
+
+    # ---- blocks (preemption inside a step) ----------------------------------------------
+    def blocks(self, model: str) -> int:
+        """Transformer blocks per forward of ``model`` (profile override, else geometry)."""
+        sec = self._model(model)
+        return int(sec.get("blocks", geometry(model).blocks))
+
+    def chunk_time(self, model: str, tokens: Sequence[int], blocks: int) -> float:
+        """Seconds for ``blocks`` transformer blocks of a packed step (blocks cost alike)."""
+        return self.step_time(model, tokens) * blocks / self.blocks(model)
+
+    def activation_bytes(self, request: Request) -> int:
+        """Bytes of the block-boundary activations a step paused between blocks keeps
+        (hidden states of every CFG branch; the text stream for dual-stream models)."""
+        sec = self._model(request.model)
+        tokens = self.tokens(request)
+        if "activation_bytes_per_token" in sec:
+            per_req = float(sec.get("activation_bytes_per_request", 0.0))
+            return int(float(sec["activation_bytes_per_token"]) * tokens + per_req)
+        step = sec["step"]
+        if "cfg_passes" not in step:
+            raise ValueError(
+                f"profile {self.name!r}: model {request.model!r} has a table step model; give "
+                "activation_bytes_per_token for block-level preemption"
+            )
+        geo = geometry(request.model)
+        rows = tokens + geo.text_stream_tokens
+        return int(float(step["cfg_passes"]) * rows * geo.hidden * geo.activation_dtype_bytes)
+
+    def chunk_overhead(self) -> float:
+        """Seconds one preemption point between blocks costs (sync + decision)."""
+        value = self.profile.get("chunk_overhead_s")
+        if value is None:
+            raise ValueError(
+                f"profile {self.name!r} has no chunk_overhead_s: block-level preemption "
+                "needs it (see ditmem.scheduler.profiles)"
+            )
+        return float(value)
 
     def max_batch(self, model: str) -> int:
         """Most requests one packed step of ``model`` may hold."""
@@ -143,6 +184,8 @@ class CostModel:
         if not report.batch or report.step_s <= 0:
             return
         predicted = self.step_time(report.model, report.tokens) / self._correction[report.model]
+        if report.blocks is not None:
+            predicted *= report.blocks / self.blocks(report.model)
         ratio = report.step_s / predicted
         old = self._correction[report.model]
         self._correction[report.model] = (1 - self._alpha) * old + self._alpha * ratio

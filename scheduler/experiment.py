@@ -36,6 +36,8 @@ class Scenario:
     seeds: tuple[int, ...] = (0,)
     policy_options: dict[str, dict] = field(default_factory=dict)
     label: str | None = None
+    preemption: str = "step"
+    block_chunk: int | None = None
 
     def requests_for(self, load: float, seed: int) -> list[Request]:
         """The request list for one seed at ``load``."""
@@ -94,10 +96,23 @@ def run_point(
 ) -> dict:
     """Simulate every seed at ``load`` under ``policy``; pooled metrics plus descriptors."""
     records = []
+    chunks = parks = 0
+    link_s = 0.0
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
         pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
-        records += simulate(reqs, pol, slo_scale=scenario.slo_scale, progress=progress).records
+        pol.fixed_chunk = scenario.block_chunk
+        result = simulate(
+            reqs,
+            pol,
+            slo_scale=scenario.slo_scale,
+            progress=progress,
+            preemption=scenario.preemption,
+        )
+        records += result.records
+        chunks += result.chunks
+        parks += result.parks
+        link_s += result.link_busy_s
     out = {
         "policy": policy,
         "workload": scenario.name(),
@@ -106,6 +121,11 @@ def run_point(
         "arrival": scenario.arrival,
         "slo_scale": scenario.slo_scale,
         "seeds": list(scenario.seeds),
+        "preemption": scenario.preemption,
+        "block_chunk": scenario.block_chunk,
+        "chunks": chunks,
+        "parks": parks,
+        "link_busy_s": link_s,
     }
     out.update(summarize(records))
     return out

@@ -22,18 +22,29 @@ def percentile(values: Sequence[float], q: float) -> float:
 def _class_summary(records: Sequence[Record]) -> dict:
     lat = [r.latency for r in records]
     if not records:
-        return {"requests": 0, "slo_attainment": None, "p95_s": None, "p99_s": None}
+        return {
+            "requests": 0,
+            "slo_attainment": None,
+            "p95_s": None,
+            "p99_s": None,
+            "wait_p99_s": None,
+            "wait_max_s": None,
+        }
+    wait = [r.started - r.request.arrival for r in records]
     return {
         "requests": len(records),
         "slo_attainment": sum(r.met for r in records) / len(records),
         "p95_s": percentile(lat, 95),
         "p99_s": percentile(lat, 99),
+        "wait_p99_s": percentile(wait, 99),
+        "wait_max_s": max(wait),
     }
 
 
 def summarize(records: Sequence[Record]) -> dict:
     """Attainment (met deadline / all), P50/P95/P99/mean latency (s), preemptions per
-    request, offloads per request, and ``per_priority`` {"0","1","2"} → attainment/P95/P99."""
+    request, offloads and parks (part-done steps parked) per request, and ``per_priority``
+    {"0","1","2"} → attainment, P95/P99 latency and P99/max wait (arrival to start)."""
     if not records:
         raise ValueError("no records to summarize")
     lat = [r.latency for r in records]
@@ -46,6 +57,7 @@ def summarize(records: Sequence[Record]) -> dict:
         "mean_s": sum(lat) / len(lat),
         "preemptions": sum(r.preemptions for r in records) / len(records),
         "offloads": sum(r.offloads for r in records) / len(records),
+        "parks": sum(r.parks for r in records) / len(records),
         "per_priority": {
             str(p): _class_summary([r for r in records if r.request.priority == p])
             for p in (0, 1, 2)

@@ -34,7 +34,9 @@ class SchedulerView:
     engine admitted them; ``waiting`` holds requests that have arrived but not started;
     ``last_batch`` the ids that advanced in the previous iteration (to count preemptions);
     ``max_active`` the most started requests the engine holds at once (None: no limit) —
-    policies never admit beyond it.
+    policies never admit beyond it; ``preemption`` is ``"step"`` (requests pause only between
+    steps) or ``"block"`` (a step runs in chunks of blocks, and a batch may pause between
+    chunks: its members then show ``blocks_done > 0`` and a ``step_group``).
     """
 
     active: list[RequestStatus]
@@ -42,6 +44,7 @@ class SchedulerView:
     memory: MemoryState
     last_batch: tuple[str, ...] = ()
     max_active: int | None = None
+    preemption: str = "step"
 
 
 @dataclass(slots=True)
@@ -58,6 +61,10 @@ class StepPlan:
     ``pause`` lists ids that advanced in the previous iteration and do not now (preempted);
     it is informational (anything not in ``batch`` simply waits). An empty ``batch`` with
     nothing else means "nothing to run": call again after the next arrival.
+    ``blocks`` (block-level preemption only): transformer blocks of the step to run now
+    (None: the policy's ``chunk_blocks`` choice); a batch whose step is part-done must be
+    exactly that step's ``step_group`` and continues from its ``blocks_done``; a part-done
+    batch left out of ``batch`` is parked (its activations go to pages, then to the host).
     """
 
     batch: list[str] = field(default_factory=list)
@@ -65,6 +72,7 @@ class StepPlan:
     offload: list[str] = field(default_factory=list)
     restore: list[str] = field(default_factory=list)
     pause: list[str] = field(default_factory=list)
+    blocks: int | None = None
 
     @property
     def idle(self) -> bool:
@@ -77,7 +85,8 @@ class StepReport:
 
     ``model`` and ``tokens`` (image/video tokens per batch member, in ``batch`` order) describe
     the denoising step; ``step_s`` is its wall time, excluding encode/decode/transfers, which
-    are reported separately (seconds, summed over the requests concerned).
+    are reported separately (seconds, summed over the requests concerned); ``blocks`` is the
+    number of transformer blocks that ran when the step ran in chunks (None: a whole step).
     """
 
     now: float
@@ -89,3 +98,4 @@ class StepReport:
     decode_s: float = 0.0
     transfer_s: float = 0.0
     finished: list[str] = field(default_factory=list)
+    blocks: int | None = None

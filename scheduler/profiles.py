@@ -24,6 +24,13 @@ from"}`` — the loader rejects a bare number or an empty source::
       }
     }
 
+Optional numbers (block-level preemption, ``ditmem sim --preemption block``):
+top-level ``chunk_overhead_s`` — fixed cost of one preemption point between transformer
+blocks (the engine's sync + policy decision); per model ``blocks`` (transformer blocks per
+forward), ``activation_bytes_per_token`` and ``activation_bytes_per_request`` (block-boundary
+activations of a step paused between blocks, CFG branches included). Absent model numbers
+come from the model geometry (``ditmem.scheduler.models``).
+
 ``step`` of kind ``"flops"`` (analytic, from public numbers): ``flops_points`` — a list of
 ``[tokens, TFLOP per forward per CFG branch, attention share]``; ``cfg_passes``;
 ``effective_tflops`` (sustained TFLOP/s on large shapes); ``step_floor_s`` (fixed per-step
@@ -58,6 +65,8 @@ MODEL_NUMBERS = (
     "decode_s_per_megapixel",
     "max_batch",
 )
+OPTIONAL_TOP = ("chunk_overhead_s",)
+OPTIONAL_MODEL = ("blocks", "activation_bytes_per_token", "activation_bytes_per_request")
 STEP_NUMBERS = {
     "flops": ("flops_points", "cfg_passes", "effective_tflops", "step_floor_s", "batching"),
     "table": ("points",),
@@ -89,6 +98,9 @@ def parse_profile(data: dict, origin: str = "<profile>") -> dict:
     out = {"name": data.get("name", origin), "description": data.get("description", "")}
     for key in TOP_NUMBERS:
         out[key] = float(_sourced(data, key, origin))
+    for key in OPTIONAL_TOP:
+        if key in data:
+            out[key] = float(_sourced(data, key, origin))
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise ProfileError(f"{origin}.models: at least one model is required")
@@ -98,6 +110,9 @@ def parse_profile(data: dict, origin: str = "<profile>") -> dict:
         if model not in known_models():
             raise ProfileError(f"{where}: unknown model; known: {', '.join(known_models())}")
         flat = {key: _sourced(section, key, where) for key in MODEL_NUMBERS}
+        for key in OPTIONAL_MODEL:
+            if key in section:
+                flat[key] = _sourced(section, key, where)
         step = section.get("step")
         kind = step.get("kind") if isinstance(step, dict) else None
         if kind not in STEP_NUMBERS:

@@ -67,7 +67,10 @@ class RequestStatus:
     ``steps_done`` counts completed denoising steps (0 … ``request.steps``); ``pages`` is the
     number of pages its state occupies (on the device when ``location`` is DEVICE, in the host
     pool when HOST). A request leaves the engine's active set in the iteration of its last
-    step (it is decoded right after that step).
+    step (it is decoded right after that step). With block-level preemption, ``blocks_done``
+    counts the transformer blocks of the current step already run (0 between steps),
+    ``step_group`` names the ids whose packed step it shares (they continue together), and
+    ``activations`` says where its parked block-boundary activations are (None: none parked).
     """
 
     request: Request
@@ -77,6 +80,9 @@ class RequestStatus:
     started_at: float | None = None
     preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    blocks_done: int = 0
+    step_group: tuple[str, ...] = ()
+    activations: Location | None = None
 
     @property
     def id(self) -> str:

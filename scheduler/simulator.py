@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .block_step import BlockPlanError, run_chunk
 from .cost import DEFAULT_PAGE_BYTES, CostModel
+from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
 from .queue import WaitingQueue
@@ -15,6 +17,8 @@ from .request import Location, Request, RequestStatus
 DEFAULT_MAX_ACTIVE = 64
 #: Plans that only move memory (no step) allowed in a row before the run is declared stuck.
 MAX_MOVES_WITHOUT_STEP = 1000
+#: Preemption granularities: between steps, or also between chunks of transformer blocks.
+PREEMPTION_MODES = ("step", "block")
 
 
 class PlanError(RuntimeError):
@@ -30,6 +34,7 @@ class Record:
     finished: float
     preemptions: int
     offloads: int
+    parks: int = 0
 
     @property
     def latency(self) -> float:
@@ -47,6 +52,9 @@ class SimResult:
     iterations: int
     busy_s: float
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    chunks: int = 0
+    parks: int = 0
+    link_busy_s: float = 0.0
 
 
 class _Engine:
@@ -59,8 +67,13 @@ class _Engine:
         page_bytes: int,
         device_pages: int | None,
         max_active: int | None,
+        preemption: str = "step",
     ):
         self.cost = cost
+        self.preemption = preemption
+        self.link = HostLink(cost)
+        self.parking = Parking(cost, self.link, page_bytes)
+        self.parks: dict[str, int] = {}
         self.max_active = max_active
         self.page_bytes = page_bytes
         self.total = device_pages if device_pages is not None else cost.device_pages(model)
@@ -73,10 +86,15 @@ class _Engine:
     def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
         return SchedulerView(
-            list(self.active.values()), self.waiting, memory, last_batch, self.max_active
+            list(self.active.values()),
+            self.waiting,
+            memory,
+            last_batch,
+            self.max_active,
+            self.preemption,
         )
 
-    def execute(self, plan: StepPlan, truth: CostModel) -> tuple[float, int]:
+    def execute(self, plan: StepPlan, now: float) -> tuple[float, int]:
         """Apply the plan's offloads and restores; return (transfer seconds, pages moved)."""
         moved = 0
         for rid in plan.offload:
@@ -104,7 +122,7 @@ class _Engine:
                 self.host_free + s.pages,
             )
             moved += s.pages
-        pre = truth.transfer_time(moved * self.page_bytes)
+        pre = self.link.copy(now, moved * self.page_bytes) - now if moved else 0.0
         return pre, moved
 
     def _active(self, rid: str, what: str) -> RequestStatus:
@@ -124,6 +142,7 @@ def simulate(
     device_pages: int | None = None,
     max_active: int | None = DEFAULT_MAX_ACTIVE,
     progress: Callable[[int, int], None] | None = None,
+    preemption: str = "step",
 ) -> SimResult:
     """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
 
@@ -131,8 +150,12 @@ def simulate(
     policy sees only arrived requests, at decision points between iterations. Every request
     runs to completion. At most ``max_active`` requests are started at once (None: no cap);
     ``device_pages`` overrides the page count the profile leaves for request state.
-    ``progress(done, total)`` is called as requests finish.
+    ``progress(done, total)`` is called as requests finish. ``preemption="block"`` runs
+    steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): the policy
+    decides again after every chunk and may park a part-done step.
     """
+    if preemption not in PREEMPTION_MODES:
+        raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     truth = cost or policy.cost
     if not requests:
         return SimResult([], 0.0, 0, 0.0)
@@ -143,16 +166,19 @@ def simulate(
     for r in pending:
         if r.deadline is None or r.standalone_s is None:
             policy.cost.assign_deadline(r, slo_scale)
-    eng = _Engine(truth, pending[0].model, page_bytes, device_pages, max_active)
+    eng = _Engine(truth, pending[0].model, page_bytes, device_pages, max_active, preemption)
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
     last_batch: tuple[str, ...] = ()
     batch_sizes: dict[int, int] = {}
-    total = len(pending)
+    total, chunks = len(pending), 0
+    block = preemption == "block"
     while len(records) < total:
         while nxt < total and pending[nxt].arrival <= now:
             eng.waiting.push(pending[nxt])
             nxt += 1
+        if block:
+            eng.parking.settle(now, eng)
         plan = policy.schedule(now, eng.view(last_batch))
         if plan.idle:
             if nxt >= total:
@@ -169,7 +195,9 @@ def simulate(
                 f"policy {policy.name!r} moved memory {idle_moves} times in a row without "
                 f"running a step (t={now:.3f}s)"
             )
-        pre, _ = eng.execute(plan, truth)
+        if plan.blocks is not None and not block:
+            raise PlanError("plan.blocks is only allowed with block-level preemption")
+        pre, _ = eng.execute(plan, now)
         encode = 0.0
         for rid in plan.admit:
             if rid not in eng.waiting:
@@ -187,9 +215,22 @@ def simulate(
         members = [eng._active(rid, "batch") for rid in plan.batch]
         model = _check_batch(members, truth)
         tokens = [truth.tokens(s.request) for s in members]
-        step = truth.step_time(model, tokens) if members else 0.0
+        blocks_run, overhead = None, 0.0
+        if block:
+            try:
+                out = run_chunk(eng, plan, members, model, truth, policy.chunk_blocks, now + pre)
+            except BlockPlanError as exc:
+                raise PlanError(str(exc)) from exc
+            # The preemption point's overhead is not step compute (the cost model's feedback
+            # compares step_s with predicted block time).
+            pre, step, overhead = pre + out.wait_s, out.compute_s, out.overhead_s
+            stepped, blocks_run = out.stepped, out.blocks
+            chunks += 1 if members else 0
+        else:
+            step = truth.step_time(model, tokens) if members else 0.0
+            stepped = members
         decode, finished = 0.0, []
-        for s in members:
+        for s in stepped:
             s.steps_done += 1
             if s.steps_done == s.request.steps:
                 decode += truth.decode_time(s.request)
@@ -197,7 +238,7 @@ def simulate(
         for rid in plan.pause:
             if rid in eng.active:
                 eng.active[rid].preemptions += 1
-        duration = pre + encode + step + decode
+        duration = pre + encode + step + overhead + decode
         now += duration
         busy += duration
         iterations += 1
@@ -206,7 +247,14 @@ def simulate(
             del eng.active[s.id]
             eng.free += s.pages
             records.append(
-                Record(s.request, s.started_at, now, s.preemptions, eng.offloads.get(s.id, 0))
+                Record(
+                    s.request,
+                    s.started_at,
+                    now,
+                    s.preemptions,
+                    eng.offloads.get(s.id, 0),
+                    eng.parks.get(s.id, 0),
+                )
             )
         if progress is not None and finished:
             progress(len(records), total)
@@ -222,10 +270,12 @@ def simulate(
                 decode,
                 pre,
                 [s.id for s in finished],
+                blocks_run,
             )
         )
     records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
-    return SimResult(records, now, iterations, busy, batch_sizes)
+    parks = sum(eng.parks.values())
+    return SimResult(records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s)
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:

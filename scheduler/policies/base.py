@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..chunking import DEFAULT_CHUNK_BUDGET, choose_chunk
 from ..cost import CostModel
 from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Location, Request, RequestStatus
@@ -15,6 +16,10 @@ class Policy:
     """
 
     name = "base"
+    #: Largest fraction of compute that preemption points between blocks may cost.
+    chunk_budget = DEFAULT_CHUNK_BUDGET
+    #: Blocks per chunk fixed by the user (None: chosen from the cost model).
+    fixed_chunk: int | None = None
 
     def __init__(self, cost: CostModel):
         self.cost = cost
@@ -28,9 +33,16 @@ class Policy:
         self.cost.observe(report)
 
     # ---- helpers ----------------------------------------------------------------------
-    def remaining(self, request: Request, steps_done: int = 0) -> float:
+    def remaining(self, request: Request, steps_done: int = 0, blocks_done: int = 0) -> float:
         """Predicted seconds the request still needs alone."""
-        return self.cost.remaining_time(request, steps_done)
+        return self.cost.remaining_time(request, steps_done, blocks_done)
+
+    def chunk_blocks(self, members: list[Request]) -> int:
+        """Blocks to run before the next preemption point, for a packed step of ``members``
+        (block-level preemption; see ``ditmem.scheduler.chunking``)."""
+        if self.fixed_chunk is not None:
+            return min(self.fixed_chunk, self.cost.blocks(members[0].model))
+        return choose_chunk(self.cost, members, self.chunk_budget)
 
     def plan_first_fit(self, view: SchedulerView, choices) -> StepPlan:
         """A plan that runs the first of ``choices`` (started RequestStatus or waiting Request,

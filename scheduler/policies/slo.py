@@ -24,7 +24,11 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 4. **Memory.** A request starts only if its pages fit; otherwise paused requests are moved
    to the host (late ones first, then latest deadline) — the transfer time is part of the
    iteration — and brought back when they run again.
-5. **No starvation.** A late request that has waited ``aging`` × its SLO window past its
+5. **Inside a step (``--preemption block``).** At a preemption point between blocks the
+   running part-done step continues unless finishing it would eat the slack of some on-time
+   request served before it (an urgent arrival): only then is it parked. A part-done step
+   resumes as the same batch and takes no joiners.
+6. **No starvation.** A late request that has waited ``aging`` × its SLO window past its
    deadline runs as soon as on-time requests can absorb its step, and unconditionally after
    twice that.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from ..chunking import activation_bytes, remaining_step_time
 from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
 from .base import Policy, make_room
@@ -68,7 +73,9 @@ class SloPolicy(Policy):
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
     * ``aging`` — SLO windows past its deadline after which a late request is served first;
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
-    * ``batching`` — off to run one request per step.
+    * ``batching`` — off to run one request per step;
+    * ``chunk_budget`` — largest fraction of compute the preemption points between blocks
+      may cost (block-level preemption; sets the chunk size with ``chunking.choose_chunk``).
     """
 
     name = "slo"
@@ -88,8 +95,11 @@ class SloPolicy(Policy):
         aging: float = 10.0,
         window: int = 32,
         batching: bool = True,
+        chunk_budget: float | None = None,
     ):
         super().__init__(cost)
+        if chunk_budget is not None:
+            self.chunk_budget = chunk_budget
         self.forecast = ArrivalForecast() if forecast else None
         self.forecast_by_priority = forecast_by_priority
         self.give_up_power = give_up_power
@@ -109,11 +119,14 @@ class SloPolicy(Policy):
         if static is None:
             tokens = self.cost.tokens(req)
             base = self.cost.step_time(req.model, [tokens]) / self.cost.correction(req.model)
-            static = (tokens, base, self.cost.encode_time(req), self.cost.decode_time(req))
+            enc, dec = self.cost.encode_time(req), self.cost.decode_time(req)
+            static = (tokens, base, enc, dec, self.cost.blocks(req.model))
             self._static[req.id] = static
-        tokens, base, enc, dec = static
+        tokens, base, enc, dec, blocks = static
         tau = base * self.cost.correction(req.model)
-        rem = (req.steps - steps_done) * tau + dec + (enc if steps_done == 0 else 0.0)
+        part = item.blocks_done / blocks if isinstance(item, RequestStatus) else 0.0
+        started = steps_done > 0 or part > 0
+        rem = (req.steps - steps_done - part) * tau + dec + (0.0 if started else enc)
         return _Cand(item, req, rem, tau, tokens)
 
     def _order_deadline(self, req: Request) -> float:
@@ -183,12 +196,58 @@ class SloPolicy(Policy):
         ontime = self._classify(now, cands) if cands else []
         late = [c for c in cands if c.late]
         plan = StepPlan()
+        running = self._running_step(view)
+        if running and self._keep_running(view, running, ontime):
+            if make_room(self.cost, view, running, plan, victim_order=self._victim_order):
+                return self.with_pause(plan, view)
         for head in self._preference(now, ontime, late):
-            if make_room(self.cost, view, [head.item], plan, victim_order=self._victim_order):
+            group = self._group_of(head.item, view)
+            if group:
+                if make_room(self.cost, view, group, plan, victim_order=self._victim_order):
+                    break
+            elif make_room(self.cost, view, [head.item], plan, victim_order=self._victim_order):
                 if self.batching:
                     self._fill_batch(now, view, plan, head, ontime, late)
                 break
         return self.with_pause(plan, view)
+
+    # ---- inside a step -------------------------------------------------------------------
+    @staticmethod
+    def _group_of(item, view: SchedulerView) -> list[RequestStatus]:
+        """The members of ``item``'s part-done step (empty when it is between steps)."""
+        if not isinstance(item, RequestStatus) or item.blocks_done == 0:
+            return []
+        ids = set(item.step_group)
+        return [s for s in view.active if s.id in ids]
+
+    @staticmethod
+    def _running_step(view: SchedulerView) -> list[RequestStatus]:
+        """The part-done step that ran in the last iteration (empty if none)."""
+        if view.preemption != "block":
+            return []
+        last = set(view.last_batch)
+        return [s for s in view.active if s.blocks_done > 0 and s.id in last]
+
+    def _keep_running(
+        self, view: SchedulerView, running: list[RequestStatus], ontime: list[_Cand]
+    ) -> bool:
+        """Finish the running part-done step unless that would take an on-time request served
+        before it past its slack — or it cannot be parked (no room in either pool)."""
+        mem = view.memory
+        nbytes = activation_bytes(self.cost, [s.request for s in running])
+        pages = -(-nbytes // mem.page_bytes)
+        if pages > mem.free_pages and pages > mem.host_free_pages:
+            return True
+        rest = remaining_step_time(
+            self.cost, [s.request for s in running], running[0].blocks_done
+        )
+        ids = {s.id for s in running}
+        before = []
+        for c in ontime:
+            if c.req.id in ids:
+                break
+            before.append(c)
+        return all(c.slack >= rest for c in before)
 
     def _preference(self, now: float, ontime: list[_Cand], late: list[_Cand]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
@@ -243,7 +302,13 @@ class SloPolicy(Policy):
         limit = cost.max_batch(model)
         batch, step = [head], head.tau
         others = sorted(
-            (c for c in ontime + late if c.req.model == model and c is not head),
+            (
+                c
+                for c in ontime + late
+                if c.req.model == model
+                and c is not head
+                and not (isinstance(c.item, RequestStatus) and c.item.blocks_done > 0)
+            ),
             key=lambda c: (c.late, self._key(c)),
         )
         for c in others:

@@ -17,7 +17,8 @@ class SrtfPolicy(Policy):
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         keyed = [
-            ((self.remaining(s.request, s.steps_done), s.request.arrival), s) for s in view.active
+            ((self.remaining(s.request, s.steps_done, s.blocks_done), s.request.arrival), s)
+            for s in view.active
         ]
         head = view.waiting.first("size")
         if head is not None:

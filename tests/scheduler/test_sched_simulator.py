@@ -161,7 +161,10 @@ def test_percentiles_and_summary_by_hand():
         "slo_attainment": None,
         "p95_s": None,
         "p99_s": None,
+        "wait_p99_s": None,
+        "wait_max_s": None,
     }
+    assert s["per_priority"]["0"]["wait_max_s"] == pytest.approx(1.0)  # b starts after a
     assert s["p50_s"] == pytest.approx(1.5) and s["mean_s"] == pytest.approx(1.5)
 
 
