@@ -55,6 +55,7 @@ class SimResult:
     chunks: int = 0
     parks: int = 0
     link_busy_s: float = 0.0
+    overhead_s: float = 0.0
 
 
 class _Engine:
@@ -171,7 +172,7 @@ def simulate(
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
     last_batch: tuple[str, ...] = ()
     batch_sizes: dict[int, int] = {}
-    total, chunks = len(pending), 0
+    total, chunks, overhead_total = len(pending), 0, 0.0
     block = preemption == "block"
     while len(records) < total:
         while nxt < total and pending[nxt].arrival <= now:
@@ -239,6 +240,7 @@ def simulate(
             if rid in eng.active:
                 eng.active[rid].preemptions += 1
         duration = pre + encode + step + overhead + decode
+        overhead_total += overhead
         now += duration
         busy += duration
         iterations += 1
@@ -275,7 +277,9 @@ def simulate(
         )
     records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
     parks = sum(eng.parks.values())
-    return SimResult(records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s)
+    return SimResult(
+        records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s, overhead_total
+    )
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:
