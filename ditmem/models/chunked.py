@@ -1,0 +1,126 @@
+"""A packed denoising step run as chunks of ``k`` transformer blocks, parked between chunks.
+
+Works with any generator that offers preemption inside a step (``num_blocks``,
+``block(state)``, ``step_blocks(states, stop)``: Qwen-Image and Wan). After a chunk that
+ends inside the step, the generator has written each request's block-boundary activations
+(image/video hidden rows, and the text rows of Qwen's dual-stream blocks, per CFG branch)
+into the request's pages as ``boundary.*`` tensors; timestep modulation and RoPE are
+recomputed from the state's scalars when the step resumes, so nothing else is needed.
+
+    runner = ChunkRunner(generator, offload_engine)
+    runner.run_chunk(states, k)           # blocks block .. block+k-1
+    parked = runner.park(states)          # async offload of the boundary pages starts
+    ...                                   # other requests compute meanwhile
+    runner.resume(parked)                 # restore into any free pages (or cancel the
+    runner.run_chunk(states, k)           # offload if it has not finished): continue
+
+Only the boundary tensors move: the rest of a parked request's state stays where it is (the
+engine offloads it separately under memory pressure). A step resumed after a park ends
+bit-identical to an uninterrupted one (tests/models/test_chunked.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ditmem.memory import OffloadEngine, RequestState
+
+#: Name prefix of the block-boundary tensors the generators store (``ditmem.memory``).
+BOUNDARY_PREFIX = "boundary."
+
+
+def boundary_names(state: RequestState) -> list[str]:
+    """Names of the state's block-boundary tensors (empty between steps)."""
+    return [n for n in state.names() if n.startswith(BOUNDARY_PREFIX)]
+
+
+def boundary_bytes(state: RequestState) -> int:
+    """Bytes of the state's block-boundary tensors (what a park moves)."""
+    return sum(state.paged(n).nbytes for n in boundary_names(state))
+
+
+@dataclass(slots=True, eq=False)
+class ParkedStep:
+    """A part-done step: its states, the block it resumes at, the offload of its boundary
+    tensors (``handle``; None once finished or never started) and whether it was resumed."""
+
+    states: list[RequestState]
+    block: int
+    handle: object | None
+    resumed: bool = False
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the boundary tensors have landed on the host."""
+        return self.handle is None and not self.resumed
+
+
+class ChunkRunner:
+    """Runs chunks of a generator's steps and parks part-done steps through ``engine``."""
+
+    def __init__(self, generator, engine: OffloadEngine):
+        missing = [n for n in ("num_blocks", "block", "step_blocks") if not hasattr(generator, n)]
+        if missing:
+            raise TypeError(
+                f"{type(generator).__name__} cannot pause inside a step: no {', '.join(missing)}"
+            )
+        self.generator = generator
+        self.engine = engine
+
+    @property
+    def num_blocks(self) -> int:
+        return self.generator.num_blocks
+
+    def run_chunk(self, states: list[RequestState], k: int) -> bool:
+        """Run the next ``k`` blocks (fewer at the end of the step) of the states' current
+        step, as one packed pass. All states must be at the same block, on the device.
+        Returns ``False`` with nothing changed when the pool has no room for the boundary
+        activations (the caller decides who yields)."""
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"run_chunk: k must be a positive int, got {k!r}")
+        if not states:
+            raise ValueError("run_chunk: states is empty")
+        start = self.generator.block(states[0])
+        return self.generator.step_blocks(states, min(start + k, self.num_blocks))
+
+    def park(self, states: list[RequestState]) -> ParkedStep:
+        """Start moving the boundary tensors of a part-done step to the host (asynchronous
+        where the engine's copier is); returns the :class:`ParkedStep` to resume later.
+        Raises ``ValueError`` for states between steps and ``HostPoolExhausted`` (nothing
+        changed) when the host pool is full."""
+        block = {self.generator.block(s) for s in states}
+        if len(block) != 1 or block == {0}:
+            raise ValueError(f"park: states must share one block inside a step, got {block}")
+        tensors = [s.paged(n) for s in states for n in boundary_names(s)]
+        handle = self.engine.start_offload(tensors)
+        return ParkedStep(list(states), block.pop(), handle)
+
+    def settle(self, parked: ParkedStep, wait: bool = False) -> bool:
+        """Finish the park's offload if it is done (or ``wait``): its device pages free.
+        Returns whether the boundary tensors are on the host now."""
+        self._check(parked, "settle")
+        if parked.handle is not None and (wait or self.engine.ready(parked.handle)):
+            self.engine.finish_offload(parked.handle)
+            parked.handle = None
+        return parked.on_host
+
+    def resume(self, parked: ParkedStep) -> bool:
+        """Bring a parked step's boundary tensors back to the device: an offload still in
+        flight is cancelled (the data never left its pages); a finished one is restored
+        into whatever device pages are free. ``False`` (nothing changed) if no room."""
+        self._check(parked, "resume")
+        if parked.handle is not None and not self.engine.ready(parked.handle):
+            self.engine.cancel(parked.handle)
+        else:
+            self.settle(parked, wait=True)
+            tensors = [s.paged(n) for s in parked.states for n in boundary_names(s)]
+            if not self.engine.restore(tensors):
+                return False
+        parked.handle = None
+        parked.resumed = True
+        return True
+
+    @staticmethod
+    def _check(parked: ParkedStep, what: str) -> None:
+        if parked.resumed:
+            raise ValueError(f"{what}: this parked step was already resumed")
