@@ -180,6 +180,7 @@ def test_queue_full_is_429_and_nothing_leaks():
             with httpx.Client(timeout=0.3) as c, pytest.raises(httpx.TimeoutException):
                 c.post(f"{url}/v1/images/generations", json={"prompt": "x"})
         # the two cancels wait for an engine that is not running: both still count as queued
+        wait_metrics(url, lambda t: metric(t, "ditmem_queue_depth") == 2)
         r = httpx.post(f"{url}/v1/images/generations", json={"prompt": "x"})
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
