@@ -58,7 +58,12 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
 
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(0.3)  # the request is running (60 steps x 10 ms)
+        while True:  # wait until the request is inside the engine (60 steps x 10 ms)
+            h = httpx.get(f"{url}/health").json()
+            if h["queued"] + h["running"] + h["paused"] >= 1:
+                break
+            assert time.monotonic() < deadline + 60, "request never reached the engine"
+            time.sleep(0.01)
         os.kill(proc.pid, signal.SIGTERM)
         time.sleep(0.2)
         with pytest.raises(httpx.TransportError):  # intake stopped: socket closed
