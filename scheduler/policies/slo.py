@@ -38,11 +38,11 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ..chunking import activation_bytes, remaining_step_time
 from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
+from .inside_step import group_of, is_part_done, keep_running, running_step
 
 INF = float("inf")
 
@@ -196,12 +196,12 @@ class SloPolicy(Policy):
         ontime = self._classify(now, cands) if cands else []
         late = [c for c in cands if c.late]
         plan = StepPlan()
-        running = self._running_step(view)
+        running = running_step(view)
         if running and self._keep_running(view, running, ontime):
             if make_room(self.cost, view, running, plan, victim_order=self._victim_order):
                 return self.with_pause(plan, view)
         for head in self._preference(now, ontime, late):
-            group = self._group_of(head.item, view)
+            group = group_of(head.item, view)
             if group:
                 if make_room(self.cost, view, group, plan, victim_order=self._victim_order):
                     break
@@ -211,43 +211,16 @@ class SloPolicy(Policy):
                 break
         return self.with_pause(plan, view)
 
-    # ---- inside a step -------------------------------------------------------------------
-    @staticmethod
-    def _group_of(item, view: SchedulerView) -> list[RequestStatus]:
-        """The members of ``item``'s part-done step (empty when it is between steps)."""
-        if not isinstance(item, RequestStatus) or item.blocks_done == 0:
-            return []
-        ids = set(item.step_group)
-        return [s for s in view.active if s.id in ids]
-
-    @staticmethod
-    def _running_step(view: SchedulerView) -> list[RequestStatus]:
-        """The part-done step that ran in the last iteration (empty if none)."""
-        if view.preemption != "block":
-            return []
-        last = set(view.last_batch)
-        return [s for s in view.active if s.blocks_done > 0 and s.id in last]
-
-    def _keep_running(
-        self, view: SchedulerView, running: list[RequestStatus], ontime: list[_Cand]
-    ) -> bool:
-        """Finish the running part-done step unless that would take an on-time request served
-        before it past its slack — or it cannot be parked (no room in either pool)."""
-        mem = view.memory
-        nbytes = activation_bytes(self.cost, [s.request for s in running])
-        pages = -(-nbytes // mem.page_bytes)
-        if pages > mem.free_pages and pages > mem.host_free_pages:
-            return True
-        rest = remaining_step_time(
-            self.cost, [s.request for s in running], running[0].blocks_done
-        )
+    def _keep_running(self, view, running: list[RequestStatus], ontime: list[_Cand]) -> bool:
+        """Finish the running part-done step unless an on-time request served before it
+        would lose its slack waiting for the rest (``inside_step.keep_running``)."""
         ids = {s.id for s in running}
         before = []
         for c in ontime:
             if c.req.id in ids:
                 break
-            before.append(c)
-        return all(c.slack >= rest for c in before)
+            before.append(c.slack)
+        return keep_running(self.cost, view, running, before)
 
     def _preference(self, now: float, ontime: list[_Cand], late: list[_Cand]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
@@ -307,7 +280,7 @@ class SloPolicy(Policy):
                 for c in ontime + late
                 if c.req.model == model
                 and c is not head
-                and not (isinstance(c.item, RequestStatus) and c.item.blocks_done > 0)
+                and not is_part_done(c.item)
             ),
             key=lambda c: (c.late, self._key(c)),
         )
