@@ -152,8 +152,9 @@ def simulate(
     runs to completion. At most ``max_active`` requests are started at once (None: no cap);
     ``device_pages`` overrides the page count the profile leaves for request state.
     ``progress(done, total)`` is called as requests finish. ``preemption="block"`` runs
-    steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): the policy
-    decides again after every chunk and may park a part-done step.
+    steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): at a chunk
+    boundary after which a request has arrived the policy decides again and may park the
+    part-done step; with no arrival the step continues (the engine only checks its intake).
     """
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
@@ -175,12 +176,19 @@ def simulate(
     total, chunks, overhead_total = len(pending), 0, 0.0
     block = preemption == "block"
     while len(records) < total:
+        arrived = False
         while nxt < total and pending[nxt].arrival <= now:
             eng.waiting.push(pending[nxt])
             nxt += 1
+            arrived = True
         if block:
             eng.parking.settle(now, eng)
-        plan = policy.schedule(now, eng.view(last_batch))
+        if block and not arrived and _running_part_done(eng, last_batch):
+            # Between arrivals the policy's answer at a preemption point is "continue" (only
+            # an arrival can ask for the device), so the engine only checks its intake.
+            plan = StepPlan(batch=list(last_batch))
+        else:
+            plan = policy.schedule(now, eng.view(last_batch))
         if plan.idle:
             if nxt >= total:
                 raise PlanError(
@@ -280,6 +288,14 @@ def simulate(
     return SimResult(
         records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s, overhead_total
     )
+
+
+def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:
+    """Whether the last iteration ran a step that is still part-done (all members alive)."""
+    if not last_batch:
+        return False
+    members = [eng.active.get(rid) for rid in last_batch]
+    return all(s is not None and s.blocks_done > 0 for s in members)
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:
