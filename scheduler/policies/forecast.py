@@ -38,6 +38,7 @@ class ArrivalForecast:
         self._latest = float("-inf")
         self._sums: dict[int, _ClassSums] | None = None
         self._span = 0.0
+        self._min_slack: float | None = None
 
     @property
     def latest(self) -> float:
@@ -51,6 +52,7 @@ class ArrivalForecast:
                 self._recent.append((r.arrival, r.standalone_s, r.deadline - r.arrival, r.priority))
                 self._latest = r.arrival
                 self._sums = None
+                self._min_slack = None
 
     def _rebuild(self, now: float) -> dict[int, _ClassSums]:
         by_class: dict[int, list[tuple[float, float]]] = {p: [] for p in PRIORITY_WEIGHTS}
@@ -62,6 +64,15 @@ class ArrivalForecast:
         longest = max(w for _, _, w, _ in self._recent)
         self._span = max(now - self._recent[0][0], longest)
         return self._sums
+
+    def min_slack(self) -> float | None:
+        """Least ``SLO window − standalone time`` among the recent arrivals (seconds; None
+        before any): how long a new arrival can afford to wait behind running work."""
+        if not self._recent:
+            return None
+        if self._min_slack is None:
+            self._min_slack = min(w - s for _, s, w, _ in self._recent)
+        return self._min_slack
 
     def work_before(self, delta: float, now: float, priority: int = 2) -> float:
         """Expected seconds of work from future arrivals of priority ≤ ``priority`` that

@@ -75,7 +75,10 @@ class SloPolicy(Policy):
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
     * ``batching`` — off to run one request per step;
     * ``chunk_budget`` — largest fraction of compute the preemption points between blocks
-      may cost (block-level preemption; sets the chunk size with ``chunking.choose_chunk``).
+      may cost (block-level preemption; the least chunk, ``chunking.choose_chunk``);
+    * ``chunk_wait_share`` — chunks are made as long as ``chunk_wait_share`` × the least
+      slack (SLO window − standalone time) of recent arrivals allows, so steps are only
+      split as finely as arrivals need (no split at all when they can wait a whole step).
     """
 
     name = "slo"
@@ -96,10 +99,12 @@ class SloPolicy(Policy):
         window: int = 32,
         batching: bool = True,
         chunk_budget: float | None = None,
+        chunk_wait_share: float = 0.25,
     ):
         super().__init__(cost)
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
+        self.chunk_wait_share = chunk_wait_share
         self.forecast = ArrivalForecast() if forecast else None
         self.forecast_by_priority = forecast_by_priority
         self.give_up_power = give_up_power
@@ -210,6 +215,19 @@ class SloPolicy(Policy):
                     self._fill_batch(now, view, plan, head, ontime, late)
                 break
         return self.with_pause(plan, view)
+
+    def chunk_blocks(self, members: list[Request]) -> int:
+        """Blocks per chunk: at least the cost model's choice (overhead and restore bound),
+        and as many more as the wait of the most pressed recent arrival allows."""
+        least = super().chunk_blocks(members)
+        slack = self.forecast.min_slack() if self.forecast is not None else None
+        if self.fixed_chunk is not None or slack is None:
+            return least
+        model = members[0].model
+        blocks = self.cost.blocks(model)
+        block_s = self.cost.step_time(model, [self.cost.tokens(r) for r in members]) / blocks
+        affordable = int(self.chunk_wait_share * max(slack, 0.0) / block_s) if block_s > 0 else 0
+        return min(blocks, max(least, affordable))
 
     def _keep_running(self, view, running: list[RequestStatus], ontime: list[_Cand]) -> bool:
         """Finish the running part-done step unless an on-time request served before it

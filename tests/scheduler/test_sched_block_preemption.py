@@ -166,3 +166,28 @@ def test_cli_block_preemption_json_fields(tmp_path, capsys):
     bad = parser.parse_args("--workload seed-mix --block-chunk 3 --quiet".split())
     assert main(bad) == 2
     assert "--block-chunk needs --preemption block" in capsys.readouterr().err
+
+
+def test_slo_splits_steps_only_as_finely_as_recent_arrivals_need():
+    cost = CostModel.load("h200")
+    video = Request("v", 0.0, "wan2.2-ti2v-5b", 1280, 704, 121, 50)
+    pol = make_policy("slo", cost)
+    assert pol.chunk_blocks([video]) == 3  # no arrivals seen yet: the cost model's least k
+
+    def seen(slo_ms):
+        r = Request("i", 1.0, "wan2.2-ti2v-5b", 1024, 1024, 1, 50, slo_ms=slo_ms)
+        cost.assign_deadline(r)
+        p = make_policy("slo", cost)
+        p.forecast.see([r])
+        return p, r.deadline - r.arrival - r.standalone_s
+
+    # an image that can wait 60 s: a 2.09 s step need not be split at all
+    p, slack = seen(63_000)
+    assert p.chunk_blocks([video]) == 30
+    # 1 s of slack: chunks of ⌊0.25 × slack / 69.6 ms⌋ blocks
+    p, slack = seen(3_980)
+    block_s = cost.step_time("wan2.2-ti2v-5b", [cost.tokens(video)]) / 30
+    assert p.chunk_blocks([video]) == max(3, int(0.25 * slack / block_s))
+    # no slack at all: the least chunk the overhead budget allows
+    p, _ = seen(1_000)
+    assert p.chunk_blocks([video]) == 3
