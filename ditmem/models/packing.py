@@ -168,6 +168,14 @@ MIN_ROWS = 16
 ROW_TILE = 256
 
 
+def pad_to_min(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, ...]`` with zero rows appended up to ``MIN_ROWS`` rows (``x`` itself when it
+    already has that many); same dtype and device."""
+    if x.shape[0] >= MIN_ROWS:
+        return x
+    return torch.cat([x, x.new_zeros(MIN_ROWS - x.shape[0], *x.shape[1:])])
+
+
 def tiled(fn, x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
     """Apply a row-wise ``fn`` (a linear layer, an MLP) to ``x [T, ...]`` in tiles of
     ``tile`` rows so outputs and intermediates stay in cache (CPU); the tail is merged into

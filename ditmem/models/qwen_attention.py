@@ -11,7 +11,7 @@ attention with ``ditmem.ops.paged_attention`` over block-aligned K/V. Two call f
 * **packed** — ``packed=PackedJoint``: ``hidden_states [T_img, dim]`` and
   ``encoder_hidden_states [T_txt, dim]`` hold several requests' tokens back to back
   (masked text tokens already dropped), RoPE is per token. Rows past the layout's real
-  tokens are padding (see ``qwen_packed.MIN_ROWS``): projected, never attended, returned
+  tokens are padding (see ``packing.MIN_ROWS``): projected, never attended, returned
   as projections of zeros. Returns ``[T_img, dim]``, ``[T_txt, dim]``.
 """
 

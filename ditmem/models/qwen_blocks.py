@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ditmem.models.packing import MIN_ROWS, tiled
+from ditmem.models.packing import tiled
 from ditmem.models.qwen_attention import PackedJoint
 
 
@@ -49,12 +49,6 @@ def per_row(fn, x: torch.Tensor) -> torch.Tensor:
     conditioning (timestep embedding, modulation) then does not depend on which other
     requests share the batch (BLAS picks different kernels for different small M)."""
     return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
-
-
-def pad_to_min(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] >= MIN_ROWS:
-        return x
-    return torch.cat([x, x.new_zeros(MIN_ROWS - x.shape[0], *x.shape[1:])])
 
 
 def segment_ids(seg: torch.Tensor, lens: list[int], rows: int) -> torch.Tensor:

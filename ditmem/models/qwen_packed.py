@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from ditmem.models.packing import pad_to_min
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
 from ditmem.models.qwen_blocks import (
     PackedBatch,
-    pad_to_min,
     per_row,
     per_token,
     run_block,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ditmem.models import wan_packed
-from ditmem.models.qwen_blocks import pad_to_min
+from ditmem.models.packing import pad_to_min
 from ditmem.models.wan_attention import WanCrossAttention, WanSelfAttention
 from ditmem.models.wan_kv_cache import WanCrossKV, cached_text_kv, compute_cross_kv
 

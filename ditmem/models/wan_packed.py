@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ditmem.models.packing import PackedLayout
-from ditmem.models.qwen_blocks import pad_to_min
+from ditmem.models.packing import PackedLayout, pad_to_min
 from ditmem.models.wan_attention import PackedAttention, RopeTable
 
 
