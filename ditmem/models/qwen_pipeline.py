@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ditmem.models.request import GenerationRequest
+from ditmem.models.vae_output import denormalize_latents, to_uint8
 
 
 def check_request(request: GenerationRequest, multiple: int) -> None:
@@ -47,15 +48,5 @@ def decode_latents(pipe, latents: torch.Tensor, height: int, width: int) -> np.n
     """The pipeline's decode tail: unpack ``[1, S, C]`` latents, undo the latent
     normalisation, VAE-decode, postprocess -> ``uint8 [H, W, 3]``."""
     x = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor).to(pipe.vae.dtype)
-    cfg = pipe.vae.config
-    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
-    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(
-        x.device, x.dtype
-    )
-    image = pipe.vae.decode(x / inv_std + mean, return_dict=False)[0][:, :, 0]
+    image = pipe.vae.decode(denormalize_latents(pipe.vae, x), return_dict=False)[0][:, :, 0]
     return to_uint8(pipe.image_processor.postprocess(image, output_type="np")[0])
-
-
-def to_uint8(image: np.ndarray) -> np.ndarray:
-    """float [H, W, 3] in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` does."""
-    return (image * 255).round().astype(np.uint8)

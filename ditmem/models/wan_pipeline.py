@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ditmem.models.request import GenerationRequest
+from ditmem.models.vae_output import denormalize_latents, to_uint8
 
 
 def load_pipeline(name_or_path: str, device, dtype: torch.dtype, seed: int,
@@ -32,21 +33,12 @@ def load_pipeline(name_or_path: str, device, dtype: torch.dtype, seed: int,
     return pipe
 
 
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """float frames in [0, 1] -> uint8, rounded as diffusers' ``numpy_to_pil`` rounds."""
-    return (frames * 255).round().astype(np.uint8)
-
-
 @torch.no_grad()
 def decode_latents(pipe, latents: torch.Tensor) -> np.ndarray:
     """Latents ``[1, C, F, H, W]`` -> ``uint8 [F', H', W', 3]``: de-normalise, VAE decode
     and postprocess as the end of ``WanPipeline.__call__`` does."""
     x = latents.to(pipe.vae.device, pipe.vae.dtype)
-    cfg = pipe.vae.config
-    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(x.device, x.dtype)
-    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(
-        x.device, x.dtype)
-    video = pipe.vae.decode(x / inv_std + mean, return_dict=False)[0]
+    video = pipe.vae.decode(denormalize_latents(pipe.vae, x), return_dict=False)[0]
     return to_uint8(pipe.video_processor.postprocess_video(video, output_type="np")[0])
 
 
