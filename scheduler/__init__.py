@@ -51,6 +51,15 @@ done (offloads only when the host pool has room); admits never take the started 
 meet its deadline still runs to completion). Policies see only what the engine shows them
 (never the future).
 
+Block-level preemption (``SchedulerView.preemption = "block"``): run ``plan.blocks`` blocks
+(None: ``policy.chunk_blocks([requests])``) of the batch's step instead of the whole step
+(``ditmem.models.chunked.ChunkRunner.run_chunk``); set each member's ``status.blocks_done``
+(0 again when the step completes), ``status.step_group`` (the batch's ids) and report
+``StepReport.blocks``. A part-done step must continue as exactly that batch; when a plan
+leaves it out, park it (``ChunkRunner.park``: its boundary activations go to the host
+asynchronously; ``status.activations`` = DEVICE while in flight, HOST once landed) and
+``resume`` it before its next chunk. ``ditmem.scheduler.simulator`` models exactly this.
+
 Cost model feedback: ``policy.observe(report)`` forwards to ``cost.observe(report)``, which
 keeps a per-model correction factor (EWMA of measured / predicted step time), so a profile
 that is off by a constant converges to the device's real speed. ``ditmem profile`` writes a
