@@ -157,6 +157,7 @@ def _select(device_type: str) -> str:
     return "reference"
 
 
+@functools.cache
 def backend_module(name: str) -> ModuleType:
-    """The module implementing backend ``name`` (imported lazily)."""
+    """The module implementing backend ``name`` (imported lazily, on first use)."""
     return importlib.import_module(_MODULES[name])

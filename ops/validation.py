@@ -155,7 +155,8 @@ def check_copy_blocks(src, dst, mapping):
     """Validate copy_blocks' inputs (src and dst may be on different devices).
 
     This sits on the offload path, called once per transfer: messages are only formatted
-    on failure and the block-id range check is a single ``aminmax`` plus one host read.
+    on failure and the block-id range check is a single ``aminmax`` plus one host read (two
+    ``tolist`` of CPU tensors when the mapping is on the CPU).
     """
     src = _tensor("src", src)
     dst = _tensor("dst", dst)
@@ -175,7 +176,10 @@ def check_copy_blocks(src, dst, mapping):
     if m.numel() == 0 or torch.compiler.is_compiling():
         return
     lo, hi = m.aminmax(dim=0)
-    (lo_src, lo_dst), (hi_src, hi_dst) = torch.stack([lo, hi]).tolist()  # the one host read
+    if m.device.type == "cpu":  # reading is free here: skip the stack
+        (lo_src, lo_dst), (hi_src, hi_dst) = lo.tolist(), hi.tolist()
+    else:
+        (lo_src, lo_dst), (hi_src, hi_dst) = torch.stack([lo, hi]).tolist()  # one host read
     if lo_src < 0 or hi_src >= src.shape[0]:
         raise ValueError(f"{_desc('mapping', m)} has src block ids outside [0, {src.shape[0]})")
     if lo_dst < 0 or hi_dst >= dst.shape[0]:

@@ -1,11 +1,11 @@
-"""Which bytes of which pages a transfer copies, grouped into ``copy_blocks`` calls.
+"""Which bytes of which pages a transfer copies: one ``copy_blocks`` mapping per transfer.
 
-A tensor's pages are full except maybe the last one. With ``trim`` the used part of each
-last page is copied through a narrower view of the arenas (``arena[:, :nbytes]``), with
-``nbytes`` rounded up to a power of two (at least ``MIN_TRIM_BYTES``) so that one call
-covers many tails; without it every page is copied whole (one call). Each extra call has a
-fixed cost (the op validates its inputs and dispatches), so a size class is folded into the
-next larger one when keeping it apart would save fewer than ``min_saving`` bytes.
+The arenas are copied through a view ``uint8 [num_pages * k, granule]`` (``k = page_bytes //
+granule``, a reshape of the contiguous arena: no copy, no strides), so page ``p`` is blocks
+``p*k .. p*k + k-1``. A tensor's pages are full except maybe the last one; with trimming
+only the granules of the last page that hold data are copied, so every tensor moves its
+bytes rounded up to one granule, all in one call (one validation, one dispatch). Without
+trimming the granule is the page (one block per page).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from array import array
 
 import torch
 
-MIN_TRIM_BYTES = 4096
-MIN_SAVING_BYTES = 512 << 10  # ~ the bytes one copy_blocks call's fixed cost would move
+TRIM_GRANULE = 64 << 10  # bytes; at most one granule per tensor is copied needlessly
+MIN_GRANULE = 4096  # finer granules make mappings long for little saving
 
 
-def size_class(nbytes: int, page_bytes: int) -> int:
-    """``nbytes`` rounded up to a power of two >= MIN_TRIM_BYTES, capped at ``page_bytes``."""
-    c = MIN_TRIM_BYTES
-    while c < nbytes:
-        c *= 2
-    return min(c, page_bytes)
+def granule_for(page_bytes: int, trim: bool, wanted: int = TRIM_GRANULE) -> int:
+    """Bytes per copied block: ``page_bytes`` without trimming, else the largest power of two
+    <= ``wanted`` that divides ``page_bytes`` (``page_bytes`` if that is < MIN_GRANULE)."""
+    if not trim or wanted >= page_bytes:
+        return page_bytes
+    g = min(page_bytes & -page_bytes, 1 << (wanted.bit_length() - 1))
+    return g if g >= MIN_GRANULE else page_bytes
 
 
 def last_page_bytes(tensor) -> int:
@@ -32,54 +33,36 @@ def last_page_bytes(tensor) -> int:
     return rows_last * (tensor.nbytes // tensor.rows)
 
 
-def plan_copies(tensors, src: list[list[int]], dst: list[list[int]], page_bytes: int,
-                trim: bool, min_saving: int = MIN_SAVING_BYTES) -> list[tuple[int, torch.Tensor]]:
-    """``[(bytes per page, mapping int64 [N, 2] of (src page, dst page))]``, one per call,
-    largest first."""
-    groups: dict[int, tuple[list[int], list[int]]] = {}
-    for t, s, d in zip(tensors, src, dst, strict=True):
-        if not s:
-            continue
-        n_full = len(s)
-        if trim:
-            tail = size_class(last_page_bytes(t), page_bytes)
-            if tail < page_bytes:
-                n_full -= 1
-                g = groups.setdefault(tail, ([], []))
-                g[0].append(s[-1])
-                g[1].append(d[-1])
-        if n_full:
-            g = groups.setdefault(page_bytes, ([], []))
-            g[0].extend(s[:n_full])
-            g[1].extend(d[:n_full])
-    _fold_small_classes(groups, min_saving)
-    return [(nbytes, _pairs(gs, gd)) for nbytes, (gs, gd) in sorted(groups.items(), reverse=True)]
-
-
-def _pairs(src: list[int], dst: list[int]) -> torch.Tensor:
-    """int64 [N, 2] of (src[i], dst[i]), built from a C array (two torch calls, no copy)."""
-    flat = [0] * (2 * len(src))
-    flat[0::2], flat[1::2] = src, dst
+def block_mapping(tensors, src: list[list[int]], dst: list[list[int]], page_bytes: int,
+                  granule: int) -> torch.Tensor | None:
+    """int64 ``[N, 2]`` of (src block, dst block) in ``granule``-byte blocks for moving each
+    tensor's pages ``src[i]`` to ``dst[i]`` (page ``p`` = blocks ``p*k .. p*k+k-1``), the
+    unused granules of each last page left out; ``None`` when there is nothing to copy."""
+    k = page_bytes // granule
+    s_ids: list[int] = []
+    d_ids: list[int] = []
+    if k == 1:
+        for s, d in zip(src, dst, strict=True):
+            s_ids += s
+            d_ids += d
+    else:
+        for t, s, d in zip(tensors, src, dst, strict=True):
+            if not s:
+                continue
+            for sp, dp in zip(s, d, strict=True):
+                s_ids += range(sp * k, sp * k + k)
+                d_ids += range(dp * k, dp * k + k)
+            unused = k - -(-last_page_bytes(t) // granule)
+            if unused:
+                del s_ids[-unused:], d_ids[-unused:]
+    if not s_ids:
+        return None
+    flat = [0] * (2 * len(s_ids))
+    flat[0::2], flat[1::2] = s_ids, d_ids
     return torch.frombuffer(array("q", flat), dtype=torch.int64).view(-1, 2)
 
 
-def _fold_small_classes(groups: dict[int, tuple[list[int], list[int]]], min_saving: int):
-    """Merge each class into the next larger one when it saves < ``min_saving`` bytes."""
-    sizes = sorted(groups)
-    for small, big in zip(sizes, sizes[1:], strict=False):
-        pages = groups[small][0]
-        if len(pages) * (big - small) < min_saving:
-            gs, gd = groups.pop(small)
-            groups[big][0].extend(gs)
-            groups[big][1].extend(gd)
-
-
-def run_copies(copy_blocks, src_arena: torch.Tensor, dst_arena: torch.Tensor,
-               plan: list[tuple[int, torch.Tensor]]) -> None:
-    """Issue the planned ``copy_blocks`` calls from ``src_arena`` into ``dst_arena``."""
-    page_bytes = src_arena.shape[1]
-    for nbytes, mapping in plan:
-        if nbytes == page_bytes:
-            copy_blocks(src_arena, dst_arena, mapping)
-        else:
-            copy_blocks(src_arena[:, :nbytes], dst_arena[:, :nbytes], mapping)
+def block_view(arena: torch.Tensor, granule: int) -> torch.Tensor:
+    """``arena`` (uint8 ``[num_pages, page_bytes]``, contiguous) as ``[num_pages * k,
+    granule]`` without copying."""
+    return arena.view(-1, granule)

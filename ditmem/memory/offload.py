@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ditmem.memory.copiers import make_copier
-from ditmem.memory.copy_plan import MIN_SAVING_BYTES, plan_copies, run_copies
+from ditmem.memory.copy_plan import TRIM_GRANULE, block_mapping, block_view, granule_for
 from ditmem.memory.errors import TransferError
 from ditmem.memory.host_pool import HostPool
 from ditmem.memory.page_pool import PagePool
@@ -49,17 +49,17 @@ class OffloadEngine:
     worker thread) or "stream". ``pool`` and ``host`` must have the same ``page_bytes``; a
     CUDA/NPU pool needs a pinned host pool.
 
-    ``trim_tails`` copies only the used part of each tensor's last page (see
-    ``copy_plan``); ``None`` means on for a CPU pool and off otherwise, because a host<->GPU
-    copy of several narrowed pages at once is strided, which torch stages through a
-    temporary buffer synchronously. ``min_trim_saving``: bytes a separately copied tail
-    class must save to be worth one more ``copy_blocks`` call. ``copy_fn`` replaces
-    ``ditmem.ops.copy_blocks`` (same signature), e.g. to measure the op's own overhead.
+    ``trim_tails`` copies only the granules (``trim_granule`` bytes, see ``copy_plan``) of
+    each tensor's last page that hold data; ``None`` means on for a CPU pool and off
+    otherwise (a host<->GPU copy goes run by run of consecutive blocks, and granules make
+    the mapping ``page_bytes / trim_granule`` times longer). Either way a transfer is one
+    ``copy_blocks`` call. ``copy_fn`` replaces ``ditmem.ops.copy_blocks`` (same signature),
+    e.g. to measure the op's own overhead.
     """
 
     def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
                  trim_tails: bool | None = None,
-                 min_trim_saving: int = MIN_SAVING_BYTES, copy_fn=None) -> None:
+                 trim_granule: int = TRIM_GRANULE, copy_fn=None) -> None:
         if pool.page_bytes != host.page_bytes:
             raise ValueError(f"host: page_bytes {host.page_bytes} differs from the pool's "
                              f"{pool.page_bytes}")
@@ -70,7 +70,11 @@ class OffloadEngine:
         self._copier = make_copier(mode, pool.device)
         self.mode = self._copier.name
         self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
-        self.min_trim_saving = min_trim_saving
+        self.granule = granule_for(pool.page_bytes, self.trim_tails, trim_granule)
+        self._blocks = {"offload": (block_view(pool.arena, self.granule),
+                                    block_view(host.arena, self.granule)),
+                        "restore": (block_view(host.arena, self.granule),
+                                    block_view(pool.arena, self.granule))}
         self._copy_fn = copy_fn
         self._ids = itertools.count(1)
         self._in_flight: dict[int, TransferHandle] = {}
@@ -89,8 +93,8 @@ class OffloadEngine:
         src = [t._pages for t in tensors]
         flat = self.host.allocate(sum(len(p) for p in src))
         dst = _split(flat, src)
-        return self._launch("offload", tensors, src, dst, self.pool.arena, self.host.arena,
-                            TensorState.OFFLOADING, release=self.host)
+        return self._launch("offload", tensors, src, dst, TensorState.OFFLOADING,
+                            release=self.host)
 
     def finish_offload(self, handle: TransferHandle) -> None:
         """Wait for an offload; free its device pages; its tensors become ``ON_HOST``."""
@@ -114,8 +118,8 @@ class OffloadEngine:
         if flat is None:
             return None
         dst = _split(flat, src)
-        return self._launch("restore", tensors, src, dst, self.host.arena, self.pool.arena,
-                            TensorState.RESTORING, release=self.pool)
+        return self._launch("restore", tensors, src, dst, TensorState.RESTORING,
+                            release=self.pool)
 
     def finish_restore(self, handle: TransferHandle) -> None:
         """Complete a restore: the device's current stream waits for the copy; the host
@@ -182,15 +186,15 @@ class OffloadEngine:
                 raise ValueError(f"tensors: {what} got a tensor offloaded to another host pool")
         return tensors
 
-    def _launch(self, kind, tensors, src, dst, src_arena, dst_arena, state, release):
-        plan = plan_copies(tensors, src, dst, self.pool.page_bytes, self.trim_tails,
-                           self.min_trim_saving)
+    def _launch(self, kind, tensors, src, dst, state, release):
         handle = TransferHandle(kind, tensors, src, dst, id=next(self._ids), engine=self)
-        copy = self._copy_fn or copy_blocks
         try:
-            if plan:
+            mapping = block_mapping(tensors, src, dst, self.pool.page_bytes, self.granule)
+            if mapping is not None:
+                copy = self._copy_fn or copy_blocks
+                src_blocks, dst_blocks = self._blocks[kind]
                 handle.token = self._copier.start(
-                    lambda: run_copies(copy, src_arena, dst_arena, plan))
+                    lambda: copy(src_blocks, dst_blocks, mapping))
         except BaseException:
             release.free([p for pages in dst for p in pages])
             raise

@@ -12,7 +12,7 @@ from ditmem.memory import (
     TensorStateError,
     TransferError,
 )
-from ditmem.memory.copy_plan import MIN_TRIM_BYTES
+from ditmem.memory.copy_plan import MIN_GRANULE
 
 MODES = ["sync", "thread"]
 
@@ -132,27 +132,33 @@ def test_misuse_is_rejected():
     assert host.num_free_pages == 64
 
 
-def test_copy_plan_trims_last_pages_by_size_class():
-    from ditmem.memory.copy_plan import plan_copies, size_class
+def test_block_mapping_trims_last_pages_to_granules():
+    from ditmem.memory.copy_plan import block_mapping, granule_for
 
     page = 1 << 16
-    assert size_class(1, page) == MIN_TRIM_BYTES
-    assert size_class(MIN_TRIM_BYTES + 1, page) == 2 * MIN_TRIM_BYTES
-    assert size_class(page - 1, page) == page
+    assert granule_for(page, trim=False) == page
+    assert granule_for(page, trim=True, wanted=1 << 14) == 1 << 14
+    assert granule_for(page, trim=True, wanted=3 << 13) == 1 << 14  # a power of two
+    assert granule_for(page, trim=True, wanted=page) == page
+    assert granule_for(4096 + 16, trim=True) == 4096 + 16  # no useful power-of-two divisor
     pool = PagePool(num_pages=16, page_bytes=page)
     a = pool.allocate_tensor(3 * (page // 4) - 100, (), torch.float32)  # 3 pages, 65136 B tail
     b = pool.allocate_tensor(10, (5,), torch.int64)  # 400 bytes in one page
-    src = [a.pages, b.pages]
-    dst = [[7, 8, 9], [3]]
-    plan = dict(plan_copies([a, b], src, dst, page, trim=True, min_saving=0))
-    assert sorted(plan) == [MIN_TRIM_BYTES, page]
-    assert plan[page].tolist() == [[a.pages[0], 7], [a.pages[1], 8], [a.pages[2], 9]]
-    assert plan[MIN_TRIM_BYTES].tolist() == [[b.pages[0], 3]]
-    whole = plan_copies([a, b], src, dst, page, trim=False)
-    assert [n for n, _ in whole] == [page] and whole[0][1].shape == (4, 2)
-    # saving 60 KiB < 64 KiB: the 4 KiB class folds into the page class (one call)
-    folded = plan_copies([a, b], src, dst, page, trim=True, min_saving=64 << 10)
-    assert [n for n, _ in folded] == [page] and folded[0][1].shape == (4, 2)
+    e = pool.allocate_tensor(0, (), torch.float32)  # no pages
+    src = [a.pages, b.pages, e.pages]
+    dst = [[7, 8, 9], [3], []]
+    g = 1 << 14  # k = 4 granules per page
+    m = block_mapping([a, b, e], src, dst, page, g)
+    want = [[4 * s + j, 4 * d + j]
+            for s, d in zip(a.pages, [7, 8, 9], strict=True) for j in range(4)]
+    want += [[4 * b.pages[0], 12]]  # 400 bytes: the first granule only
+    assert m.dtype == torch.int64 and m.tolist() == want
+    whole = block_mapping([a, b, e], src, dst, page, page)
+    assert whole.tolist() == [[s, d] for s, d in zip(a.pages + b.pages, [7, 8, 9, 3], strict=True)]
+    a2 = pool.allocate_tensor(2 * (page // 4) + 10, (), torch.float32)  # 40 B in page 3
+    m2 = block_mapping([a2], [a2.pages], [[0, 1, 2]], page, g)
+    assert m2.shape == (9, 2) and m2[-1].tolist() == [4 * a2.pages[2], 8]
+    assert block_mapping([e], [[]], [[]], page, g) is None
 
 
 @pytest.mark.parametrize("trim", [True, False])
@@ -160,7 +166,7 @@ def test_trimmed_roundtrip_is_exact_and_skips_unused_bytes(trim):
     page = 1 << 15
     pool = PagePool(num_pages=8, page_bytes=page)
     host = HostPool(num_pages=8, page_bytes=page)
-    eng = OffloadEngine(pool, host, trim_tails=trim, min_trim_saving=0)
+    eng = OffloadEngine(pool, host, trim_tails=trim, trim_granule=MIN_GRANULE)
     t = pool.allocate_tensor(page // 4 + 10, (), torch.float32)  # 2 pages, 40 B in the 2nd
     x = torch.randn(page // 4 + 10)
     t.write(x)
@@ -168,8 +174,8 @@ def test_trimmed_roundtrip_is_exact_and_skips_unused_bytes(trim):
     host.arena.zero_()
     eng.offload([t])
     tail = host.arena[t.host_pages[1]]
-    copied_past_class = bool((tail[MIN_TRIM_BYTES:] == 7).all())
-    untouched_past_class = bool((tail[MIN_TRIM_BYTES:] == 0).all())
+    copied_past_class = bool((tail[MIN_GRANULE:] == 7).all())
+    untouched_past_class = bool((tail[MIN_GRANULE:] == 0).all())
     assert (copied_past_class, untouched_past_class) == (not trim, trim)
     assert torch.equal(t.read(), x)
     assert eng.restore([t]) and torch.equal(t.read(), x)

@@ -44,7 +44,7 @@ class PoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = PagePool(DEVICE_PAGES, self.page_bytes)
         self.host = HostPool(HOST_PAGES, self.page_bytes)
-        self.eng = OffloadEngine(self.pool, self.host, mode=self.mode, min_trim_saving=0)
+        self.eng = OffloadEngine(self.pool, self.host, mode=self.mode, trim_granule=4096)
         self.live = []      # [PagedTensor, shadow]
         self.handles = []   # in-flight TransferHandles
         self.fillers = []   # raw page lists held outside any tensor
