@@ -25,15 +25,24 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import ditmem
 from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG, build_pipeline
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    CLOCKS,
+    add_arguments,
+    rel_err,
+    side_by_side,
+    summary,
+    write_json,
+)
 
 SMALL_CONFIG = dict(TRANSFORMER_CONFIG, num_layers=4, attention_head_dim=64,
                     num_attention_heads=4, joint_attention_dim=64, axes_dims_rope=(16, 24, 24))
@@ -70,38 +79,7 @@ def make_kwargs(model, sizes, seed=0):
     return out
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-CLOCK = {"now": time.process_time}
-
-
-def side_by_side(fns: dict, repeats: int) -> dict:
-    """Interleave the callables, ``repeats`` rounds after one warm-up; per-round seconds
-    on the chosen clock."""
-    now = CLOCK["now"]
-    times = {k: [] for k in fns}
-    for f in fns.values():
-        f()
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = now()
-            f()
-            times[k].append(now() - t0)
-    return times
-
-
-def summary(times: dict, base: str, key: str) -> dict:
-    """Medians and the median over rounds of base/key (robust to a noisy, shared machine:
-    both sides of a round see the same load)."""
-    ratios = [b / k for b, k in zip(times[base], times[key], strict=True)]
-    return dict(baseline_s=statistics.median(times[base]), ditmem_s=statistics.median(times[key]),
-                ratio=statistics.median(ratios))
-
-
-def rel_err(outs, refs) -> float:
-    return max(((o - r).norm() / r.norm()).item() for o, r in zip(outs, refs, strict=True))
-
-
-def run(model_name: str, repeats: int) -> list[dict]:
+def run(model_name: str, repeats: int, clock) -> list[dict]:
     stock, patched, adapter = build_models(model_name)
     rows = []
     scenarios = {
@@ -119,7 +97,7 @@ def run(model_name: str, repeats: int) -> list[dict]:
             def packed(kws=kws):
                 return adapter.forward_packed(kws)
 
-            t = side_by_side({"stock": sep, "packed": packed}, repeats)
+            t = side_by_side({"stock": sep, "packed": packed}, repeats, clock)
             rows.append(dict(model=model_name, scenario=name, requests=len(kws),
                              **summary(t, "stock", "packed"), target=">= 1.3 (throughput)",
                              max_rel_err=rel_err(packed(), sep())))
@@ -128,7 +106,7 @@ def run(model_name: str, repeats: int) -> list[dict]:
             "stock": lambda: stock(**kw, return_dict=False),
             "packed": lambda: adapter.forward_packed([kw]),
             "plain": lambda: patched(**kw, return_dict=False),
-        }, repeats * 3)
+        }, repeats * 3, clock)
         for key, label in (("packed", "single, forward_packed"), ("plain", "single, patched fwd")):
             stats = summary(t, "stock", key)
             rows.append(dict(model=model_name, scenario=label, requests=1, **stats,
@@ -138,21 +116,14 @@ def run(model_name: str, repeats: int) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model only, fewer repeats")
-    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    ap.add_argument("--clock", choices=CLOCKS, default="cpu",
-                    help="cpu: process CPU time (default; robust when other jobs share the "
-                         "cores, use with --threads 1), wall: perf_counter")
+    add_arguments(ap)
     args = ap.parse_args()
-    CLOCK["now"] = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (5 if args.quick else 11)
     rows = []
     for model in ("tiny",) if args.quick else ("tiny", "small"):
-        rows += run(model, repeats)
+        rows += run(model, repeats, CLOCKS[args.clock])
     print(f"threads={torch.get_num_threads()} repeats={repeats} clock={args.clock} "
           f"({platform.machine()}, CPU)")
     print("ratio = median over rounds of stock/ditmem time; ms = medians")
@@ -164,9 +135,7 @@ def main() -> int:
         print(f"{r['model']:6} {r['scenario']:24} {r['requests']:>2} {1e3 * r['baseline_s']:9.2f} "
               f"{1e3 * r['ditmem_s']:9.2f} {r['ratio']:6.2f} {note:>22}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "repeats": repeats,
-                       "clock": args.clock, "rows": rows}, f, indent=2)
+        write_json(args.json, repeats, args.clock, rows)
     return 0
 
 

@@ -20,14 +20,13 @@ compute matters more than per-op overhead.
         [--clock cpu|wall]
 
 Timing helpers (interleaved rounds, CPU clock by default, ratio = median of per-round
-ratios) are shared with bench_qwen.py.
+ratios) are in common.py, shared with bench_qwen.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import sys
 from pathlib import Path
@@ -39,7 +38,14 @@ from ditmem.memory import PagePool
 from ditmem.models.wan_tiny import build_tiny_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_qwen import CLOCK, CLOCKS, rel_err, side_by_side, summary  # noqa: E402  (shared)
+from common import (  # noqa: E402
+    CLOCKS,
+    add_arguments,
+    rel_err,
+    side_by_side,
+    summary,
+    write_json,
+)
 
 SMALL = dict(num_attention_heads=4, attention_head_dim=64, text_dim=256, freq_dim=256,
              ffn_dim=1024, num_layers=4, in_channels=16, out_channels=16)
@@ -72,7 +78,7 @@ def make_kwargs(model, videos, seed=0):
     return out
 
 
-def run(model_name: str, repeats: int) -> list[dict]:
+def run(model_name: str, repeats: int, clock) -> list[dict]:
     stock, _, adapter = build(model_name)
     pool = PagePool(64, 1 << 20)
     rows = []
@@ -87,7 +93,7 @@ def run(model_name: str, repeats: int) -> list[dict]:
                 "packed": lambda kws=kws: adapter.forward_packed(kws),
                 "cached": lambda c=cached_kws: adapter.forward_packed(c),
             }
-            t = side_by_side(fns, repeats)
+            t = side_by_side(fns, repeats, clock)
             ref = fns["stock"]()
             tokens = sum(kw["hidden_states"][0, 0].numel() // 4 for kw in kws)
             for key, label in (("packed", "packed, text K/V recomputed"),
@@ -105,7 +111,7 @@ def run(model_name: str, repeats: int) -> list[dict]:
             "stock": lambda: stock(**kw, return_dict=False),
             "packed": lambda: adapter.forward_packed([kw]),
             "plain": lambda: adapter.model(**kw, return_dict=False),
-        }, repeats * 3)
+        }, repeats * 3, clock)
         for key, label in (("packed", "forward_packed"), ("plain", "patched forward")):
             row = summary(t, "stock", key)
             rows.append(dict(model=model_name, scenario="single 256^2 x 9f", variant=label,
@@ -116,21 +122,14 @@ def run(model_name: str, repeats: int) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model only, fewer repeats")
-    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    ap.add_argument("--clock", choices=CLOCKS, default="cpu",
-                    help="cpu: process CPU time (default; robust when other jobs share the "
-                         "cores, use with --threads 1), wall: perf_counter")
+    add_arguments(ap)
     args = ap.parse_args()
-    CLOCK["now"] = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = args.repeats or (3 if args.quick else 7)
     rows = []
     for model in ("tiny",) if args.quick else ("tiny", "small"):
-        rows += run(model, repeats)
+        rows += run(model, repeats, CLOCKS[args.clock])
     print(f"threads={torch.get_num_threads()} repeats={repeats} clock={args.clock} "
           f"({platform.machine()}, CPU); ratio = median over rounds of baseline/ditmem time, "
           "ms = medians")
@@ -143,9 +142,7 @@ def main() -> int:
               f"{1e3 * r['baseline_s']:8.1f} {1e3 * r['ditmem_s']:9.1f} {r['ratio']:6.2f} "
               f"{note:>16}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "repeats": repeats,
-                       "clock": args.clock, "rows": rows}, f, indent=2)
+        write_json(args.json, repeats, args.clock, rows)
     return 0
 
 
