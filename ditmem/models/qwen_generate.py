@@ -29,6 +29,7 @@ import torch
 
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import qwen_state as qs
+from ditmem.models.processor_patch import original_processors
 from ditmem.models.qwen import patch
 from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
 from ditmem.models.request import GenerationRequest
@@ -259,10 +260,7 @@ class QwenGenerator:
         if output not in ("image", "latents"):
             raise ValueError(f"reference: output must be 'image' or 'latents', got {output!r}")
         cfg = self._uses_cfg(request)
-        self.adapter.unpatch()
-        try:
+        with original_processors([self.adapter]):
             return run_pipeline(
                 self.pipe, request, cfg, self.max_sequence_length, latents=output == "latents"
             )
-        finally:
-            self.adapter.repatch()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ditmem.models.packing import pad_to_min
+from ditmem.models.processor_patch import ProcessorPatch
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
 from ditmem.models.qwen_blocks import (
     PackedBatch,
@@ -73,7 +74,7 @@ def _check_boundary(boundary, img_lens: list[int], txt_lens: list[int]) -> None:
             )
 
 
-class QwenAdapter:
+class QwenAdapter(ProcessorPatch):
     """Handle returned by ``ditmem.patch`` for a ``QwenImageTransformer2DModel``."""
 
     def __init__(self, model, block_size: int = 64):
@@ -86,26 +87,12 @@ class QwenAdapter:
             raise TypeError("ditmem.patch: use_layer3d_rope Qwen-Image models are not supported")
         self.model = model
         self.block_size = block_size
-        self._original = dict(model.attn_processors)
-        self._ours = {name: DitmemQwenAttnProcessor(block_size) for name in self._original}
-        model.set_attn_processor(dict(self._ours))
-        self.patched = True
+        original = dict(model.attn_processors)
+        self._install(original, {name: DitmemQwenAttnProcessor(block_size) for name in original})
 
     @property
     def num_blocks(self) -> int:
         return len(self.model.transformer_blocks)
-
-    def unpatch(self) -> None:
-        """Put the original processor objects back (idempotent)."""
-        if self.patched:
-            self.model.set_attn_processor(dict(self._original))
-            self.patched = False
-
-    def repatch(self) -> None:
-        """Install ditmem's processors again after :meth:`unpatch` (idempotent)."""
-        if not self.patched:
-            self.model.set_attn_processor(dict(self._ours))
-            self.patched = True
 
     def _require_patched(self) -> None:
         if not self.patched:

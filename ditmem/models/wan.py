@@ -20,11 +20,12 @@ import torch
 
 from ditmem.models import wan_packed
 from ditmem.models.packing import pad_to_min
+from ditmem.models.processor_patch import ProcessorPatch
 from ditmem.models.wan_attention import WanCrossAttention, WanSelfAttention
 from ditmem.models.wan_kv_cache import WanCrossKV, cached_text_kv, compute_cross_kv
 
 
-class WanAdapter:
+class WanAdapter(ProcessorPatch):
     """A patched ``WanTransformer3DModel``. Attributes: ``model`` (the transformer),
     ``patched``. ``prepare`` / ``run_blocks`` / ``finish`` split a forward at block
     boundaries (``forward_packed`` runs all three)."""
@@ -34,36 +35,21 @@ class WanAdapter:
             if block.attn2.add_k_proj is not None:
                 raise TypeError(f"ditmem.patch: block {i} has image K/V projections (Wan I2V); "
                                 "only text-to-video Wan transformers are supported")
-        self._original = dict(model.attn_processors)
-        if any(isinstance(p, (WanSelfAttention, WanCrossAttention))
-               for p in self._original.values()):
+        original = dict(model.attn_processors)
+        if any(isinstance(p, (WanSelfAttention, WanCrossAttention)) for p in original.values()):
             raise RuntimeError("ditmem.patch: the model is already patched; use its adapter "
                                "(or unpatch() it first)")
         self.model = model
-        self._ours = {}
-        for name in self._original:
+        ours = {}
+        for name in original:
             index = int(name.split(".")[1])
-            self._ours[name] = (WanSelfAttention() if ".attn1." in name
-                                else WanCrossAttention(index))
-        model.set_attn_processor(dict(self._ours))
-        self.patched = True
+            ours[name] = WanSelfAttention() if ".attn1." in name else WanCrossAttention(index)
+        self._install(original, ours)
 
     @property
     def num_blocks(self) -> int:
         """Transformer blocks of the model."""
         return len(self.model.blocks)
-
-    def unpatch(self) -> None:
-        """Put back the exact processor objects the model had before patching (idempotent)."""
-        if self.patched:
-            self.model.set_attn_processor(dict(self._original))
-            self.patched = False
-
-    def repatch(self) -> None:
-        """Install ditmem's processors again after :meth:`unpatch` (idempotent)."""
-        if not self.patched:
-            self.model.set_attn_processor(dict(self._ours))
-            self.patched = True
 
     def _check_patched(self, what: str) -> None:
         if not self.patched:

@@ -8,6 +8,7 @@ import importlib.util
 import numpy as np
 import torch
 
+from ditmem.models.processor_patch import original_processors
 from ditmem.models.request import GenerationRequest
 from ditmem.models.vae_output import denormalize_latents, to_uint8
 
@@ -49,9 +50,7 @@ def run_reference(pipe, adapters, request: GenerationRequest, max_sequence_lengt
     the call): ``uint8 [F, H, W, 3]``, or the final latents with ``output="latents"``."""
     if output not in ("video", "latents"):
         raise ValueError(f"output: must be 'video' or 'latents', got {output!r}")
-    for a in adapters:
-        a.unpatch()
-    try:
+    with original_processors(adapters):
         frames = pipe(
             prompt=request.prompt, negative_prompt=request.negative_prompt,
             height=request.height, width=request.width, num_frames=request.num_frames,
@@ -60,7 +59,4 @@ def run_reference(pipe, adapters, request: GenerationRequest, max_sequence_lengt
             generator=torch.Generator("cpu").manual_seed(request.seed),
             max_sequence_length=max_sequence_length,
             output_type="latent" if output == "latents" else "np").frames
-    finally:
-        for a in adapters:
-            a.repatch()
     return frames if output == "latents" else to_uint8(frames[0])
