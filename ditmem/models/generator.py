@@ -35,6 +35,7 @@ into other pages leaves the result bit-identical.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -93,3 +94,54 @@ def check_generator(obj: Any) -> Generator:
     if missing:
         raise TypeError(f"{type(obj).__name__} is not a Generator: missing {', '.join(missing)}")
     return obj
+
+
+# Bookkeeping the Qwen-Image and Wan generators share (block counters live in
+# ``state.scalars["block"]``).
+
+
+def check_step_states(states: list[RequestState], is_done: Callable[[RequestState], bool]
+                      ) -> None:
+    """ValueError unless ``states`` is non-empty, without repeats, none finished
+    (``is_done``) and all on the device."""
+    if not states:
+        raise ValueError("step: states is empty")
+    if len({id(s) for s in states}) != len(states):
+        raise ValueError("step: the same state appears twice")
+    for i, s in enumerate(states):
+        if is_done(s):
+            raise ValueError(f"step: states[{i}] ({s.request_id}) has already finished")
+        if s.location != "device":
+            raise ValueError(f"step: states[{i}] ({s.request_id}) is {s.location}; restore "
+                             "it to the device first")
+
+
+def check_block_range(states: list[RequestState], stop: int, num_blocks: int) -> int:
+    """The block all ``states`` are at (``start``); ValueError when they differ or
+    ``stop`` is not in ``(start, num_blocks]``."""
+    start = states[0].scalars["block"]
+    if any(s.scalars["block"] != start for s in states):
+        blocks = [s.scalars["block"] for s in states]
+        raise ValueError(f"step_blocks: states are at different blocks {blocks}")
+    if not start < stop <= num_blocks:
+        raise ValueError(f"step_blocks: stop={stop} not in ({start}, {num_blocks}]")
+    return start
+
+
+def room_for_boundaries(states: list[RequestState],
+                        new_pages: Callable[[RequestState], int]) -> bool:
+    """Whether every pool the states use has free pages for all of their new
+    block-boundary pages (``new_pages(state)`` each), counted per pool."""
+    need: dict[int, int] = {}
+    pools = {id(s.pool): s.pool for s in states}
+    for s in states:
+        need[id(s.pool)] = need.get(id(s.pool), 0) + new_pages(s)
+    return all(n <= pools[k].num_free_pages for k, n in need.items())
+
+
+def check_finished(state: RequestState, progress: tuple[int, int]) -> None:
+    """ValueError for ``decode`` unless ``progress`` (steps done, total) shows all steps
+    run."""
+    done, total = progress
+    if done < total:
+        raise ValueError(f"decode: state {state.request_id} has run {done} of {total} steps")

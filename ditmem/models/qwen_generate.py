@@ -29,6 +29,12 @@ import torch
 
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import qwen_state as qs
+from ditmem.models.generator import (
+    check_block_range,
+    check_finished,
+    check_step_states,
+    room_for_boundaries,
+)
 from ditmem.models.processor_patch import original_processors
 from ditmem.models.qwen import patch
 from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
@@ -173,14 +179,9 @@ class QwenGenerator:
         num_blocks`` finishes the step (solver update, boundary pages freed); otherwise the
         boundary activations are saved into the states' pages. Returns ``False`` with
         nothing changed when a pool has no room for them."""
-        self._check_states(states)
-        start = states[0].scalars["block"]
-        if any(s.scalars["block"] != start for s in states):
-            blocks = [s.scalars["block"] for s in states]
-            raise ValueError(f"step_blocks: states are at different blocks {blocks}")
-        if not start < stop <= self.num_blocks:
-            raise ValueError(f"step_blocks: stop={stop} not in ({start}, {self.num_blocks}]")
-        if stop < self.num_blocks and not self._room_for_boundaries(states):
+        check_step_states(states, self.is_done)
+        start = check_block_range(states, stop, self.num_blocks)
+        if stop < self.num_blocks and not room_for_boundaries(states, self._new_boundary_pages):
             return False
         latents = [s.get("latents") for s in states]
         kwargs, owners = [], []
@@ -207,26 +208,8 @@ class QwenGenerator:
             s.scalars["block"] = 0
         return True
 
-    def _check_states(self, states: list[RequestState]) -> None:
-        if not states:
-            raise ValueError("step: states is empty")
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("step: the same state appears twice")
-        for i, s in enumerate(states):
-            if self.is_done(s):
-                raise ValueError(f"step: states[{i}] ({s.request_id}) has already finished")
-            if s.location != "device":
-                raise ValueError(f"step: states[{i}] ({s.request_id}) is {s.location}, not device")
-
-    def _room_for_boundaries(self, states: list[RequestState]) -> bool:
-        need: dict[int, int] = {}
-        pools = {}
-        for s in states:
-            pools[id(s.pool)] = s.pool
-            need[id(s.pool)] = need.get(id(s.pool), 0) + qs.new_boundary_pages(
-                s, self.adapter.model.inner_dim, self.dtype
-            )
-        return all(n <= pools[k].num_free_pages for k, n in need.items())
+    def _new_boundary_pages(self, state: RequestState) -> int:
+        return qs.new_boundary_pages(state, self.adapter.model.inner_dim, self.dtype)
 
     def is_done(self, state: RequestState) -> bool:
         return state.scalars["step"] >= len(state.scalars["timesteps"])
@@ -241,9 +224,7 @@ class QwenGenerator:
     @torch.no_grad()
     def decode(self, state: RequestState) -> np.ndarray:
         """VAE-decode a finished state to ``uint8 [H, W, 3]``."""
-        if not self.is_done(state):
-            done, total = self.progress(state)
-            raise ValueError(f"decode: state {state.request_id} has run {done} of {total} steps")
+        check_finished(state, self.progress(state))
         return decode_latents(self.pipe, state.get("latents"), state.scalars["height"],
                               state.scalars["width"])
 

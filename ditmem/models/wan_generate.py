@@ -35,6 +35,12 @@ import torch
 
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import wan_state as ws
+from ditmem.models.generator import (
+    check_block_range,
+    check_finished,
+    check_step_states,
+    room_for_boundaries,
+)
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
@@ -221,14 +227,9 @@ class WanGenerator:
         boundary pages freed); otherwise each request's hidden rows are saved into its pages
         (``boundary.hidden.<branch>``) so it can be offloaded and resumed in any pages.
         Returns ``False`` with nothing changed when a pool has no room for them."""
-        self._check_states(states)
-        start = states[0].scalars["block"]
-        if any(s.scalars["block"] != start for s in states):
-            raise ValueError(f"step_blocks: states are at different blocks "
-                             f"{[s.scalars['block'] for s in states]}")
-        if not start < stop <= self.num_blocks:
-            raise ValueError(f"step_blocks: stop={stop} not in ({start}, {self.num_blocks}]")
-        if stop < self.num_blocks and not self._room_for_boundaries(states):
+        check_step_states(states, self.is_done)
+        start = check_block_range(states, stop, self.num_blocks)
+        if stop < self.num_blocks and not room_for_boundaries(states, self._new_boundary_pages):
             return False
         latents = [s.get("latents") for s in states]
         jobs: dict[str, list[tuple[RequestState, str, dict]]] = {}
@@ -263,25 +264,8 @@ class WanGenerator:
             s.scalars["block"] = 0
         return True
 
-    def _room_for_boundaries(self, states: list[RequestState]) -> bool:
-        dim = self.shapes.inner_dim
-        need: dict[int, int] = {}
-        pools = {id(s.pool): s.pool for s in states}
-        for s in states:
-            need[id(s.pool)] = need.get(id(s.pool), 0) + ws.new_boundary_pages(s, dim, self.dtype)
-        return all(n <= pools[k].num_free_pages for k, n in need.items())
-
-    def _check_states(self, states: list[RequestState]) -> None:
-        if not states:
-            raise ValueError("step: states is empty")
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("step: the same state appears twice")
-        for i, s in enumerate(states):
-            if self.is_done(s):
-                raise ValueError(f"step: states[{i}] ({s.request_id}) has already finished")
-            if s.location != "device":
-                raise ValueError(f"step: states[{i}] ({s.request_id}) is {s.location}; restore "
-                                 "it to the device first")
+    def _new_boundary_pages(self, state: RequestState) -> int:
+        return ws.new_boundary_pages(state, self.shapes.inner_dim, self.dtype)
 
     def is_done(self, state: RequestState) -> bool:
         """True when all the request's denoising steps have run."""
@@ -297,9 +281,7 @@ class WanGenerator:
 
     def decode(self, state: RequestState) -> np.ndarray:
         """VAE-decode a finished state to ``uint8 [F, H, W, 3]``."""
-        if not self.is_done(state):
-            done, total = self.progress(state)
-            raise ValueError(f"decode: state {state.request_id} has run {done} of {total} steps")
+        check_finished(state, self.progress(state))
         return decode_latents(self.pipe, state.get("latents"))
 
     def release(self, state: RequestState) -> None:
