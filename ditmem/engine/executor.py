@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 from concurrent.futures import ThreadPoolExecutor
 
+from ditmem.engine.block_steps import BlockSteps
 from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import GenerationResult, RequestCancelled, RequestFailed
 from ditmem.engine.stages import Stages, state_pages
@@ -32,10 +33,13 @@ class PlanExecutor:
         self.engine = engine
         self.offloader = OffloadEngine(engine.pool, engine.host, mode=offload_mode)
         self.stages = Stages(engine.gen, engine.pool, self.offloader, engine.clock)
+        self.blocks = (BlockSteps(engine.gen, self.offloader, engine.clock)
+                       if engine.preemption == "block" else None)
         self.waiting = WaitingQueue()
         self.jobs: dict[str, Job] = {}       # waiting jobs by id
         self.active: dict[str, Job] = {}     # started jobs, in admission order
         self.last_batch: tuple[str, ...] = ()
+        self._blocks_run: int | None = None
         self.stats = EngineStats()
         # decode off the step loop (a worker thread), results handed back through a queue
         workers = engine.decode_workers
@@ -71,7 +75,8 @@ class PlanExecutor:
         memory = MemoryState(total_pages=pool.num_pages, free_pages=pool.num_free_pages,
                              page_bytes=pool.page_bytes, host_free_pages=host.num_free_pages)
         return SchedulerView(active=[j.status for j in self.active.values()],
-                             waiting=self.waiting, memory=memory, last_batch=self.last_batch)
+                             waiting=self.waiting, memory=memory, last_batch=self.last_batch,
+                             preemption=self.engine.preemption)
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> bool:
@@ -90,6 +95,9 @@ class PlanExecutor:
             return False
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
+        if self.blocks is not None:
+            self.blocks.settle(self.active)
+            self.blocks.park_left_out(self.active, self.last_batch, plan.batch)
         pending = [(job, self.stages.start_offload(job)) for job in self._ids(plan.offload)
                    if job.status.location is Location.DEVICE]
         for job, handle in pending:   # device pages are needed by restores/admits below
@@ -100,8 +108,10 @@ class PlanExecutor:
             self._admit(job_id, report)
         batch = [self.active[i] for i in plan.batch if i in self.active
                  and self.active[i].status.location is Location.DEVICE]
+        if batch and self.blocks is not None and not self.blocks.resume(batch):
+            batch = []  # no room to bring its activations back: the policy sees the pool
         if batch:
-            self._step(batch, report)
+            self._step(batch, report, plan.blocks)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
         observe = getattr(self.engine.policy, "observe", None)
@@ -158,15 +168,24 @@ class PlanExecutor:
                                    started_at=job.timing.started)
         self.active[job_id] = job
 
-    def _step(self, batch: list[Job], report: StepReport) -> None:
+    def _run(self, jobs: list[Job], blocks: int | None) -> float:
+        """A whole step, or (block preemption) the next chunk of it."""
+        if self.blocks is None:
+            return self.stages.step(jobs)
+        k = blocks or self.engine.policy.chunk_blocks([j.sched for j in jobs])
+        seconds, self._blocks_run = self.blocks.run(jobs, k)
+        return seconds
+
+    def _step(self, batch: list[Job], report: StepReport, blocks: int | None = None) -> None:
+        self._blocks_run = None
         try:
-            seconds = self.stages.step(batch)
+            seconds = self._run(batch, blocks)
             stepped = batch
         except Exception:  # noqa: BLE001 - find who failed, advance the others
             stepped, seconds = [], 0.0
             for job in batch:
                 try:
-                    seconds += self.stages.step([job])
+                    seconds += self._run([job], blocks)
                     stepped.append(job)
                 except Exception as exc:  # noqa: BLE001
                     self.finish(job, error=RequestFailed(f"{job.id}: step failed: {exc!r}"))
@@ -174,6 +193,7 @@ class PlanExecutor:
         report.batch = [j.id for j in stepped]
         report.tokens = [self.engine.cost.tokens(j.sched) for j in stepped]
         report.step_s = seconds
+        report.blocks = self._blocks_run
         self.engine._notify_step(seconds, len(stepped))
         for job in stepped:
             if self.stages.is_done(job) and self.decoder is not None:
@@ -219,6 +239,8 @@ class PlanExecutor:
     def finish(self, job: Job, *, output=None, error: Exception | None = None) -> None:
         """Release the job's pages, deliver its result or error, forget it."""
         started = job.phase is Phase.ACTIVE
+        if self.blocks is not None:
+            self.blocks.forget(job)
         self.stages.release(job)
         if job.id in self.jobs:
             self.waiting.remove(job.id)

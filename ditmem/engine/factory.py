@@ -15,7 +15,8 @@ class EngineConfig:
     """What ``ditmem serve`` / ``ditmem demo`` choose. ``pool_mb``: device page pool
     (request state only; weights are separate); ``host_mb``: host pool for offload
     (default 4x the pool); ``page_kb``: page size; ``profile``: cost-model profile name or
-    JSON path (``cpu-tiny`` for the embedded models on a CPU)."""
+    JSON path (``cpu-tiny`` for the embedded models on a CPU); ``preemption``: "step" or
+    "block" (pause inside steps, between chunks of blocks)."""
 
     model: str = "tiny-qwen-image"
     policy: str = "slo"
@@ -28,6 +29,7 @@ class EngineConfig:
     device: str = "cpu"
     slo_scale: float = 3.0
     decode_workers: int = 0
+    preemption: str = "step"
 
 
 def scheduler_model(model: str, generator=None) -> str:
@@ -79,4 +81,5 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
     pool, host = make_pools(config, config.device)
     return Engine(generator, policy, cost, pool, host, model=key,
                   max_active=config.max_active, max_queued=config.max_queued,
-                  slo_scale=config.slo_scale, decode_workers=config.decode_workers)
+                  slo_scale=config.slo_scale, decode_workers=config.decode_workers,
+                  preemption=config.preemption)

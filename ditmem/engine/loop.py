@@ -38,13 +38,18 @@ class Engine:
     requests waiting to start before submit raises ``QueueFull``; ``decode_workers``: 0
     decodes on the engine thread right after the last step (what the simulator models),
     n > 0 decodes on n worker threads while the step loop goes on (the request keeps its
-    pages until its output is delivered).
+    pages until its output is delivered); ``preemption``: "step" (requests pause between
+    steps) or "block" (steps run in chunks of blocks and may pause between them:
+    :mod:`ditmem.engine.block_steps`).
     """
 
     def __init__(self, generator, policy, cost, pool, host, *, model: str = "qwen-image",
                  max_active: int = 64, max_queued: int = 256, clock=time.perf_counter,
                  offload_mode: str = "auto", idle_wait_s: float = 0.05,
-                 slo_scale: float = 3.0, decode_workers: int = 0):
+                 slo_scale: float = 3.0, decode_workers: int = 0, preemption: str = "step"):
+        if preemption not in ("step", "block"):
+            raise ValueError(f"preemption: 'step' or 'block', got {preemption!r}")
+        self.preemption = preemption
         self.gen, self.policy, self.cost = generator, policy, cost
         self._exact = cost if hasattr(cost, "register") else None
         self.pool, self.host, self.model = pool, host, model

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ditmem.memory import OffloadEngine, RequestState
+from ditmem.memory import OffloadEngine, RequestState, TensorState
 
 #: Name prefix of the block-boundary tensors the generators store (``ditmem.memory``).
 BOUNDARY_PREFIX = "boundary."
@@ -113,12 +113,27 @@ class ChunkRunner:
             self.engine.cancel(parked.handle)
         else:
             self.settle(parked, wait=True)
-            tensors = [s.paged(n) for s in parked.states for n in boundary_names(s)]
-            if not self.engine.restore(tensors):
+            # (the engine may have brought them back already with the rest of a state)
+            tensors = [
+                t
+                for s in parked.states
+                for t in (s.paged(n) for n in boundary_names(s))
+                if t.state is TensorState.ON_HOST
+            ]
+            if tensors and not self.engine.restore(tensors):
                 return False
         parked.handle = None
         parked.resumed = True
         return True
+
+    @staticmethod
+    def drop(self, parked: ParkedStep) -> None:
+        """Forget a parked step without resuming it (a member was cancelled or failed): an
+        offload in flight is cancelled so every state can be freed; data stays where it is."""
+        if parked.handle is not None:
+            self.engine.cancel(parked.handle)
+            parked.handle = None
+        parked.resumed = True
 
     @staticmethod
     def _check(parked: ParkedStep, what: str) -> None:

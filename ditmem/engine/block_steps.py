@@ -1,0 +1,107 @@
+"""Block-level preemption for the engine: steps run as chunks of blocks, part-done steps
+parked between chunks (``Engine(..., preemption="block")``).
+
+The policy names the batch (and optionally ``plan.blocks``) at every chunk boundary. A
+part-done step the plan leaves out is parked: its block-boundary activations, already in the
+requests' pages, start moving to the host asynchronously (``ChunkRunner.park``) while the
+plan's batch computes; their device pages free once the copy lands (``settle``). When the
+plan runs the step again it is resumed (the copy cancelled if still in flight, else restored
+into any free pages) and continues from its block. Statuses tell the policy
+``blocks_done``, ``step_group`` and where the activations are.
+"""
+
+from __future__ import annotations
+
+from ditmem.memory import HostPoolExhausted
+from ditmem.models.chunked import ChunkRunner, ParkedStep
+from ditmem.scheduler import Location
+
+
+class BlockSteps:
+    """The executor's part for block preemption: chunk runs, parking, resuming."""
+
+    def __init__(self, generator, offloader, clock):
+        self.gen = generator
+        self.runner = ChunkRunner(generator, offloader)
+        self.clock = clock
+        # group (sorted ids) -> its park, or None when the activations stayed in device
+        # pages (no room on the host)
+        self.parked: dict[tuple[str, ...], ParkedStep | None] = {}
+        self.parks = 0
+
+    def settle(self, active: dict) -> None:
+        """Finish landed offloads: their device pages are free, activations on the host."""
+        for group, parked in self.parked.items():
+            if parked is not None and self.runner.settle(parked):
+                for rid in group:
+                    if rid in active:
+                        active[rid].status.activations = Location.HOST
+
+    def park_left_out(self, active: dict, last_batch: tuple[str, ...], batch: list[str]) -> None:
+        """Park the part-done step that ran last iteration if ``batch`` does not continue it."""
+        running = [active[i] for i in last_batch if i in active]
+        running = [j for j in running if j.status.blocks_done > 0]
+        if not running or {j.id for j in running} == set(batch):
+            return
+        group = tuple(sorted(j.id for j in running))
+        if group in self.parked:
+            return
+        try:
+            parked = self.runner.park([j.state for j in running])
+        except HostPoolExhausted:
+            parked = None  # stays in its device pages until resumed
+        self.parked[group] = parked
+        self.parks += 1
+        for j in running:
+            j.status.activations = Location.DEVICE
+            j.extra["parks"] = j.extra.get("parks", 0) + 1
+
+    def resume(self, jobs: list) -> bool:
+        """Make a parked step runnable again; False (nothing changed) when no room."""
+        group = tuple(sorted(j.id for j in jobs))
+        if group not in self.parked:
+            return True
+        parked = self.parked[group]
+        if parked is not None and not self.runner.resume(parked):
+            return False
+        del self.parked[group]
+        for j in jobs:
+            j.status.activations = None
+        return True
+
+    def run(self, jobs: list, k: int) -> tuple[float, int]:
+        """Run the next ``k`` blocks of the jobs' step; returns (seconds, blocks run). If
+        the pool has no room for the boundary activations the whole rest of the step runs
+        (nothing to keep between chunks then)."""
+        states = [j.state for j in jobs]
+        start = self.gen.block(states[0])
+        t0 = self.clock()
+        if not self.runner.run_chunk(states, k):
+            self.gen.step(states)
+        dt = self.clock() - t0
+        done = self.gen.block(states[0])
+        group = tuple(sorted(j.id for j in jobs)) if done else ()
+        for j in jobs:
+            j.timing.running_s += dt
+            j.status.blocks_done = done
+            j.status.step_group = group
+            j.status.steps_done = self.gen.progress(j.state)[0]
+            if done == 0:
+                j.timing.steps_run += 1
+        return dt, (done or self.gen.num_blocks) - start
+
+    def forget(self, job) -> None:
+        """Before ``job``'s pages are freed: drop any park it belongs to (its partners keep
+        their activations where they are and continue as a smaller group)."""
+        for group in [g for g in self.parked if job.id in g]:
+            parked = self.parked.pop(group)
+            rest = tuple(g for g in group if g != job.id)
+            if parked is None:
+                if rest:
+                    self.parked[rest] = None
+                continue
+            landed = parked.on_host
+            states = [s for s in parked.states if s is not job.state]
+            self.runner.drop(parked)  # an offload in flight is cancelled: data on the device
+            if landed and rest:
+                self.parked[rest] = ParkedStep(states, parked.block, None)
