@@ -36,9 +36,9 @@ from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG, build_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    CLOCKS,
     add_arguments,
     rel_err,
+    run_models,
     side_by_side,
     summary,
     write_json,
@@ -118,12 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    repeats = args.repeats or (5 if args.quick else 11)
-    rows = []
-    for model in ("tiny",) if args.quick else ("tiny", "small"):
-        rows += run(model, repeats, CLOCKS[args.clock])
+    rows, repeats = run_models(args, run, quick_repeats=5, full_repeats=11)
     print(f"threads={torch.get_num_threads()} repeats={repeats} clock={args.clock} "
           f"({platform.machine()}, CPU)")
     print("ratio = median over rounds of stock/ditmem time; ms = medians")

@@ -31,6 +31,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "cores, use with --threads 1), wall: perf_counter")
 
 
+def run_models(args: argparse.Namespace, run: Callable[..., list[dict]], quick_repeats: int,
+               full_repeats: int) -> tuple[list[dict], int]:
+    """Apply ``--threads``, then ``run(model, repeats, clock)`` for the tiny model (and the
+    small one unless ``--quick``); returns (all rows, repeats used)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeats = args.repeats or (quick_repeats if args.quick else full_repeats)
+    rows = []
+    for model in ("tiny",) if args.quick else ("tiny", "small"):
+        rows += run(model, repeats, CLOCKS[args.clock])
+    return rows, repeats
+
+
 def side_by_side(fns: dict[str, Callable[[], object]], repeats: int,
                  clock: Callable[[], float] = time.process_time) -> dict[str, list[float]]:
     """Interleave the callables, ``repeats`` rounds after one warm-up; per-round seconds

@@ -39,9 +39,9 @@ from ditmem.models.wan_tiny import build_tiny_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    CLOCKS,
     add_arguments,
     rel_err,
+    run_models,
     side_by_side,
     summary,
     write_json,
@@ -124,12 +124,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(ap)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    repeats = args.repeats or (3 if args.quick else 7)
-    rows = []
-    for model in ("tiny",) if args.quick else ("tiny", "small"):
-        rows += run(model, repeats, CLOCKS[args.clock])
+    rows, repeats = run_models(args, run, quick_repeats=3, full_repeats=7)
     print(f"threads={torch.get_num_threads()} repeats={repeats} clock={args.clock} "
           f"({platform.machine()}, CPU); ratio = median over rounds of baseline/ditmem time, "
           "ms = medians")
