@@ -55,9 +55,9 @@ def build_models(name: str):
     else:
         from diffusers import QwenImageTransformer2DModel
 
-        from ditmem.models.qwen_tiny import _seeded
+        from ditmem.models.qwen_tiny import fill_seeded_noise
 
-        stock = _seeded(QwenImageTransformer2DModel(**SMALL_CONFIG), 5, std=0.05)
+        stock = fill_seeded_noise(QwenImageTransformer2DModel(**SMALL_CONFIG), 5, std=0.05)
     patched = copy.deepcopy(stock)
     return stock, patched, ditmem.patch(patched)
 

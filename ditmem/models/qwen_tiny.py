@@ -97,7 +97,7 @@ def text_encoder_config(vocab_size: int):
     )
 
 
-def _seeded(module: torch.nn.Module, seed: int, std: float = 0.02) -> torch.nn.Module:
+def fill_seeded_noise(module: torch.nn.Module, seed: int, std: float = 0.02) -> torch.nn.Module:
     """Overwrite every parameter with seeded normal noise (norm weights keep 1 +- noise);
     the result does not depend on the default init or on global RNG state."""
     g = torch.Generator().manual_seed(seed)
@@ -126,9 +126,9 @@ def build_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, device: st
     vae = AutoencoderKLQwenImage(**VAE_CONFIG)
     # Transformer weights get a larger spread than 0.02 so that outputs differ visibly
     # between requests (a near-zero network would make equivalence tests too easy).
-    _seeded(text_encoder, seed + 1, std=0.1)
-    _seeded(transformer, seed + 2, std=0.1)
-    _seeded(vae, seed + 3, std=0.05)
+    fill_seeded_noise(text_encoder, seed + 1, std=0.1)
+    fill_seeded_noise(transformer, seed + 2, std=0.1)
+    fill_seeded_noise(vae, seed + 3, std=0.05)
     scheduler = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
     pipe = QwenImagePipeline(
         scheduler=scheduler,

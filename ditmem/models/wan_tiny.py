@@ -62,7 +62,7 @@ TEXT_ENCODER_CONFIG = dict(
 )
 
 
-def _seeded(seed: int, build):
+def _build_seeded(seed: int, build):
     """Run ``build()`` (a module constructor) under a private RNG seeded with ``seed``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -74,7 +74,7 @@ def build_tiny_transformer(seed: int = 2, **overrides):
     from diffusers import WanTransformer3DModel
 
     config = {**TRANSFORMER_CONFIG, **overrides}
-    return _seeded(seed, lambda: WanTransformer3DModel(**config))
+    return _build_seeded(seed, lambda: WanTransformer3DModel(**config))
 
 
 def build_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu",
@@ -89,10 +89,10 @@ def build_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, device: st
 
     tokenizer = t5_tokenizer()
     text_config = UMT5Config(vocab_size=len(tokenizer), **TEXT_ENCODER_CONFIG)
-    text_encoder = _seeded(seed + 1, lambda: UMT5EncoderModel(text_config))
+    text_encoder = _build_seeded(seed + 1, lambda: UMT5EncoderModel(text_config))
     transformer = build_tiny_transformer(seed + 2)
     transformer_2 = build_tiny_transformer(seed + 4) if two_experts else None
-    vae = _seeded(seed + 3, lambda: AutoencoderKLWan(**VAE_CONFIG))
+    vae = _build_seeded(seed + 3, lambda: AutoencoderKLWan(**VAE_CONFIG))
     pipe = WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
