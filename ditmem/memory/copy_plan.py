@@ -27,39 +27,71 @@ def granule_for(page_bytes: int, trim: bool, wanted: int = TRIM_GRANULE) -> int:
     return g if g >= MIN_GRANULE else page_bytes
 
 
-def last_page_bytes(tensor) -> int:
-    """Bytes of data in the last page of ``tensor`` (a PagedTensor with at least one row)."""
-    rows_last = tensor.rows - (tensor.num_pages - 1) * tensor.rows_per_page
-    return rows_last * (tensor.nbytes // tensor.rows)
-
-
-def block_mapping(tensors, src: list[list[int]], dst: list[list[int]], page_bytes: int,
-                  granule: int) -> torch.Tensor | None:
-    """int64 ``[N, 2]`` of (src block, dst block) in ``granule``-byte blocks for moving each
-    tensor's pages ``src[i]`` to ``dst[i]`` (page ``p`` = blocks ``p*k .. p*k+k-1``), the
-    unused granules of each last page left out; ``None`` when there is nothing to copy."""
+def block_ids(tensors, src: list[list[int]], dst: list[list[int]], page_bytes: int,
+              granule: int) -> tuple[list[int], list[int]]:
+    """(src blocks, dst blocks) in ``granule``-byte blocks for moving each tensor's pages
+    ``src[i]`` to ``dst[i]`` (page ``p`` = blocks ``p*k .. p*k+k-1``), leaving out the
+    granules of each last page past ``tensor.last_page_bytes``."""
     k = page_bytes // granule
-    s_ids: list[int] = []
-    d_ids: list[int] = []
+    s_pages: list[int] = []
+    d_pages: list[int] = []
     if k == 1:
         for s, d in zip(src, dst, strict=True):
-            s_ids += s
-            d_ids += d
-    else:
-        for t, s, d in zip(tensors, src, dst, strict=True):
-            if not s:
-                continue
-            for sp, dp in zip(s, d, strict=True):
-                s_ids += range(sp * k, sp * k + k)
-                d_ids += range(dp * k, dp * k + k)
-            unused = k - -(-last_page_bytes(t) // granule)
+            s_pages += s
+            d_pages += d
+        return s_pages, d_pages
+    cuts = []  # (end of a tensor's blocks, unused granules of its last page)
+    for t, s, d in zip(tensors, src, dst, strict=True):
+        if s:
+            s_pages += s
+            d_pages += d
+            unused = k + t.last_page_bytes // -granule
             if unused:
-                del s_ids[-unused:], d_ids[-unused:]
-    if not s_ids:
-        return None
+                cuts.append((len(s_pages) * k, unused))
+    ks = range(k)
+    s_ids = [p * k + j for p in s_pages for j in ks]
+    d_ids = [p * k + j for p in d_pages for j in ks]
+    for end, unused in reversed(cuts):
+        del s_ids[end - unused : end], d_ids[end - unused : end]
+    return s_ids, d_ids
+
+
+def pairs(s_ids: list[int], d_ids: list[int]) -> torch.Tensor:
+    """int64 ``[N, 2]`` of (s_ids[i], d_ids[i]) in fresh host memory."""
     flat = [0] * (2 * len(s_ids))
     flat[0::2], flat[1::2] = s_ids, d_ids
     return torch.frombuffer(array("q", flat), dtype=torch.int64).view(-1, 2)
+
+
+class MappingBuffer:
+    """Reusable host storage for mappings: ``fill`` writes (src, dst) pairs into it and returns
+    an int64 ``[N, 2]`` view of its first N rows (one view kept per N, so a repeated transfer
+    makes no torch call), or ``None`` when N exceeds ``capacity``.
+
+    The caller must not fill it again while a copy may still read the previous mapping.
+    """
+
+    __slots__ = ("capacity", "_data", "_words", "_views")
+    MAX_VIEWS = 64
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._data = torch.zeros(capacity, 2, dtype=torch.int64)
+        self._words = memoryview(self._data.numpy()).cast("B").cast("q")
+        self._views: dict[int, torch.Tensor] = {}
+
+    def fill(self, s_ids: list[int], d_ids: list[int]) -> torch.Tensor | None:
+        n = len(s_ids)
+        if n > self.capacity or len(d_ids) != n:
+            return None
+        view = self._views.get(n)
+        if view is None:
+            view = self._data[:n]
+            if len(self._views) < self.MAX_VIEWS:
+                self._views[n] = view
+        self._words[0 : 2 * n : 2] = array("q", s_ids)
+        self._words[1 : 2 * n : 2] = array("q", d_ids)
+        return view
 
 
 def block_view(arena: torch.Tensor, granule: int) -> torch.Tensor:

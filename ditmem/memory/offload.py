@@ -16,7 +16,14 @@ import itertools
 from dataclasses import dataclass, field
 
 from ditmem.memory.copiers import make_copier
-from ditmem.memory.copy_plan import TRIM_GRANULE, block_mapping, block_view, granule_for
+from ditmem.memory.copy_plan import (
+    TRIM_GRANULE,
+    MappingBuffer,
+    block_ids,
+    block_view,
+    granule_for,
+    pairs,
+)
 from ditmem.memory.errors import TransferError
 from ditmem.memory.host_pool import HostPool
 from ditmem.memory.page_pool import PagePool
@@ -54,7 +61,9 @@ class OffloadEngine:
     otherwise (a host<->GPU copy goes run by run of consecutive blocks, and granules make
     the mapping ``page_bytes / trim_granule`` times longer). Either way a transfer is one
     ``copy_blocks`` call. ``copy_fn`` replaces ``ditmem.ops.copy_blocks`` (same signature),
-    e.g. to measure the op's own overhead.
+    e.g. to measure the op's own overhead; like the op it must be done with ``mapping`` when
+    its copy completes (on a CPU pool the engine refills one mapping buffer for the next
+    transfer when nothing is in flight).
     """
 
     def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
@@ -75,6 +84,8 @@ class OffloadEngine:
                                     block_view(host.arena, self.granule)),
                         "restore": (block_view(host.arena, self.granule),
                                     block_view(pool.arena, self.granule))}
+        # on a CPU pool every copy reads its mapping on the host before it completes
+        self._map_buf = MappingBuffer() if pool.device.type == "cpu" else None
         self._copy_fn = copy_fn
         self._ids = itertools.count(1)
         self._in_flight: dict[int, TransferHandle] = {}
@@ -189,8 +200,9 @@ class OffloadEngine:
     def _launch(self, kind, tensors, src, dst, state, release):
         handle = TransferHandle(kind, tensors, src, dst, id=next(self._ids), engine=self)
         try:
-            mapping = block_mapping(tensors, src, dst, self.pool.page_bytes, self.granule)
-            if mapping is not None:
+            s_ids, d_ids = block_ids(tensors, src, dst, self.pool.page_bytes, self.granule)
+            if s_ids:
+                mapping = self._mapping(s_ids, d_ids)
                 copy = self._copy_fn or copy_blocks
                 src_blocks, dst_blocks = self._blocks[kind]
                 handle.token = self._copier.start(
@@ -202,6 +214,15 @@ class OffloadEngine:
             t._begin(state)
         self._in_flight[handle.id] = handle
         return handle
+
+    def _mapping(self, s_ids, d_ids):
+        # the shared buffer only when no copy is in flight: a copy has read its mapping by
+        # the time it completes, and every transfer completes before it leaves _in_flight
+        if self._map_buf is not None and not self._in_flight:
+            mapping = self._map_buf.fill(s_ids, d_ids)
+            if mapping is not None:
+                return mapping
+        return pairs(s_ids, d_ids)
 
     def _expect(self, handle, kind: str) -> None:
         if not isinstance(handle, TransferHandle) or handle.engine is not self:

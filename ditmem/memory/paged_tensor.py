@@ -28,8 +28,8 @@ class PagedTensor:
     by ``OffloadEngine``.
     """
 
-    __slots__ = ("pool", "rows", "row_shape", "dtype", "rows_per_page", "_state", "_pages",
-                 "_page_table", "_host", "_host_pages", "_view")
+    __slots__ = ("pool", "rows", "row_shape", "dtype", "rows_per_page", "last_page_bytes",
+                 "_state", "_pages", "_page_table", "_host", "_host_pages", "_view")
 
     def __init__(self, pool, pages: list[int], rows: int, row_shape: tuple[int, ...],
                  dtype: torch.dtype) -> None:
@@ -38,6 +38,9 @@ class PagedTensor:
         self.row_shape = row_shape
         self.dtype = dtype
         self.rows_per_page = rows_per_page(row_shape, dtype, pool.page_bytes)
+        # bytes of data in the last page (0 without rows); transfers copy only those
+        self.last_page_bytes = (rows - (self.num_pages - 1) * self.rows_per_page) * (
+            self.nbytes // rows) if rows else 0
         self._state = TensorState.ON_DEVICE
         self._host = None
         self._host_pages: list[int] = []

@@ -132,8 +132,8 @@ def test_misuse_is_rejected():
     assert host.num_free_pages == 64
 
 
-def test_block_mapping_trims_last_pages_to_granules():
-    from ditmem.memory.copy_plan import block_mapping, granule_for
+def test_block_ids_trim_last_pages_to_granules():
+    from ditmem.memory.copy_plan import block_ids, granule_for, pairs
 
     page = 1 << 16
     assert granule_for(page, trim=False) == page
@@ -145,20 +145,68 @@ def test_block_mapping_trims_last_pages_to_granules():
     a = pool.allocate_tensor(3 * (page // 4) - 100, (), torch.float32)  # 3 pages, 65136 B tail
     b = pool.allocate_tensor(10, (5,), torch.int64)  # 400 bytes in one page
     e = pool.allocate_tensor(0, (), torch.float32)  # no pages
+    assert (a.last_page_bytes, b.last_page_bytes, e.last_page_bytes) == (page - 400, 400, 0)
     src = [a.pages, b.pages, e.pages]
     dst = [[7, 8, 9], [3], []]
     g = 1 << 14  # k = 4 granules per page
-    m = block_mapping([a, b, e], src, dst, page, g)
+    s_ids, d_ids = block_ids([a, b, e], src, dst, page, g)
     want = [[4 * s + j, 4 * d + j]
             for s, d in zip(a.pages, [7, 8, 9], strict=True) for j in range(4)]
     want += [[4 * b.pages[0], 12]]  # 400 bytes: the first granule only
+    m = pairs(s_ids, d_ids)
     assert m.dtype == torch.int64 and m.tolist() == want
-    whole = block_mapping([a, b, e], src, dst, page, page)
-    assert whole.tolist() == [[s, d] for s, d in zip(a.pages + b.pages, [7, 8, 9, 3], strict=True)]
+    whole = pairs(*block_ids([a, b, e], src, dst, page, page))
+    assert whole.tolist() == [[s, d] for s, d in zip(a.pages + b.pages, [7, 8, 9, 3],
+                                                        strict=True)]
     a2 = pool.allocate_tensor(2 * (page // 4) + 10, (), torch.float32)  # 40 B in page 3
-    m2 = block_mapping([a2], [a2.pages], [[0, 1, 2]], page, g)
-    assert m2.shape == (9, 2) and m2[-1].tolist() == [4 * a2.pages[2], 8]
-    assert block_mapping([e], [[]], [[]], page, g) is None
+    m2 = pairs(*block_ids([b, a2], [b.pages, a2.pages], [[5], [0, 1, 2]], page, g))
+    assert m2.shape == (10, 2) and m2[0].tolist() == [4 * b.pages[0], 20]
+    assert m2[-1].tolist() == [4 * a2.pages[2], 8]
+    assert block_ids([e], [[]], [[]], page, g) == ([], [])
+
+
+def test_mapping_buffer_reuses_views_and_refuses_overflow():
+    from ditmem.memory.copy_plan import MappingBuffer
+
+    buf = MappingBuffer(capacity=4)
+    m = buf.fill([1, 2, 3], [4, 5, 6])
+    assert m.dtype == torch.int64 and m.tolist() == [[1, 4], [2, 5], [3, 6]]
+    again = buf.fill([7, 8, 9], [0, 1, 2])
+    assert again is m and m.tolist() == [[7, 0], [8, 1], [9, 2]]
+    assert buf.fill([1], [2]).tolist() == [[1, 2]]
+    assert buf.fill(list(range(5)), list(range(5))) is None
+
+
+def test_transfers_in_flight_never_share_a_mapping():
+    """The engine's reusable mapping buffer is only used while nothing else is in flight."""
+    import threading
+
+    from ditmem.ops import copy_blocks as ops_copy
+
+    pool, host, _ = setup("thread", page_bytes=4096)
+    release = threading.Event()
+    seen = []
+
+    def gated_copy(src, dst, mapping):
+        release.wait(5)
+        seen.append(mapping)
+        ops_copy(src, dst, mapping)
+
+    eng = OffloadEngine(pool, host, mode="thread", copy_fn=gated_copy)
+    xs = [torch.randn(3000) for _ in range(3)]
+    ts = [pool.allocate_tensor(3000, (), torch.float32) for _ in range(3)]
+    for t, x in zip(ts, xs, strict=True):
+        t.write(x)
+    handles = [eng.start_offload([t]) for t in ts]  # all three in flight at once
+    release.set()
+    for h in handles:
+        eng.finish_offload(h)
+    assert len({id(m) for m in seen}) == 3
+    for h in [eng.start_restore([t]) for t in ts]:
+        eng.finish_restore(h)
+    for t, x in zip(ts, xs, strict=True):
+        assert torch.equal(t.read(), x)
+    eng.close()
 
 
 @pytest.mark.parametrize("trim", [True, False])
