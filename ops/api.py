@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ditmem.ops import validation
-from ditmem.ops.backends import backend_for, backend_module
+from ditmem.ops.backends import backend_for, backend_module, select_backend
 
 
 def paged_attention(
@@ -70,5 +70,7 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> 
     The backend is chosen by dst's device, or src's when dst is on the CPU.
     """
     validation.check_copy_blocks(src, dst, mapping)
-    anchor = src if dst.device.type == "cpu" else dst
-    backend_module(backend_for(anchor)).copy_blocks(src, dst, mapping)
+    device_type = dst.device.type
+    if device_type == "cpu":
+        device_type = src.device.type
+    backend_module(select_backend(device_type)).copy_blocks(src, dst, mapping)

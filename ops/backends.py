@@ -136,6 +136,11 @@ def backend_for(tensor: torch.Tensor) -> str:
     return _select(tensor.device.type)
 
 
+def select_backend(device_type: str) -> str:
+    """``backend_for`` given the device type (``"cpu"``, ``"cuda"``...) instead of a tensor."""
+    return _select(device_type)
+
+
 @torch.compiler.assume_constant_result  # torch.compile: decided once, at trace time
 def _select(device_type: str) -> str:
     forced = forced_backend()

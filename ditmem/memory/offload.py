@@ -185,14 +185,15 @@ class OffloadEngine:
     # ----------------------------------------------------------------- internals
     def _check(self, tensors, wanted: TensorState, what: str) -> tuple[PagedTensor, ...]:
         tensors = tuple(tensors)
-        if len({id(t) for t in tensors}) != len(tensors):
+        if len(set(map(id, tensors))) != len(tensors):
             raise ValueError(f"tensors: {what} got the same tensor twice")
         for t in tensors:
             if not isinstance(t, PagedTensor):
                 raise ValueError(f"tensors: expected PagedTensor, got {type(t).__name__}")
             if t.pool is not self.pool:
                 raise ValueError(f"tensors: {what} got a tensor of another pool")
-            t._check_state(wanted, what)
+            if t._state is not wanted:
+                t._check_state(wanted, what)  # raises, naming the state it is in
             if wanted is TensorState.ON_HOST and t._host is not self.host:
                 raise ValueError(f"tensors: {what} got a tensor offloaded to another host pool")
         return tensors

@@ -147,13 +147,16 @@ class RequestState:
     def start_offload(self, engine):
         """Launch the offload of every tensor on the device; finish with
         ``engine.finish_offload(handle)``. Raises ``HostPoolExhausted`` (nothing changed)."""
+        on_device = TensorState.ON_DEVICE
         return engine.start_offload(
-            [t for t in self.tensors() if t.state is TensorState.ON_DEVICE])
+            [e.paged for e in self._entries.values() if e.paged._state is on_device])
 
     def start_restore(self, engine):
         """Launch the restore of every tensor on the host, or ``None`` (nothing changed) when
         the device pool has no room; finish with ``engine.finish_restore(handle)``."""
-        return engine.start_restore([t for t in self.tensors() if t.state is TensorState.ON_HOST])
+        on_host = TensorState.ON_HOST
+        return engine.start_restore(
+            [e.paged for e in self._entries.values() if e.paged._state is on_host])
 
     def offload(self, engine) -> None:
         engine.finish_offload(self.start_offload(engine))
