@@ -155,8 +155,10 @@ def check_copy_blocks(src, dst, mapping):
     """Validate copy_blocks' inputs (src and dst may be on different devices).
 
     This sits on the offload path, called once per transfer: messages are only formatted
-    on failure and the block-id range check is a single ``aminmax`` plus one host read (two
-    ``tolist`` of CPU tensors when the mapping is on the CPU).
+    on failure, and the block-id range check is one whole-tensor ``aminmax`` and one host
+    read when every id is below both block counts (exact: such an id is valid on either
+    side); only otherwise are the columns checked one by one, to accept ids that are valid
+    for their own side and to name the side that is out of range.
     """
     src = _tensor("src", src)
     dst = _tensor("dst", dst)
@@ -175,12 +177,21 @@ def check_copy_blocks(src, dst, mapping):
         )
     if m.numel() == 0 or torch.compiler.is_compiling():
         return
+    n_src, n_dst = src.shape[0], dst.shape[0]
+    lo, hi = _host_pair(*m.aminmax())
+    if lo >= 0 and hi < min(n_src, n_dst):
+        return
     lo, hi = m.aminmax(dim=0)
-    if m.device.type == "cpu":  # reading is free here: skip the stack
-        (lo_src, lo_dst), (hi_src, hi_dst) = lo.tolist(), hi.tolist()
-    else:
-        (lo_src, lo_dst), (hi_src, hi_dst) = torch.stack([lo, hi]).tolist()  # one host read
-    if lo_src < 0 or hi_src >= src.shape[0]:
-        raise ValueError(f"{_desc('mapping', m)} has src block ids outside [0, {src.shape[0]})")
-    if lo_dst < 0 or hi_dst >= dst.shape[0]:
-        raise ValueError(f"{_desc('mapping', m)} has dst block ids outside [0, {dst.shape[0]})")
+    (lo_src, lo_dst), (hi_src, hi_dst) = _host_pair(lo, hi)
+    if lo_src < 0 or hi_src >= n_src:
+        raise ValueError(f"{_desc('mapping', m)} has src block ids outside [0, {n_src})")
+    if lo_dst < 0 or hi_dst >= n_dst:
+        raise ValueError(f"{_desc('mapping', m)} has dst block ids outside [0, {n_dst})")
+
+
+def _host_pair(a: torch.Tensor, b: torch.Tensor):
+    """``a`` and ``b`` (same shape) as Python numbers or lists, in one host read (CPU
+    tensors are read directly)."""
+    if a.device.type == "cpu":
+        return a.tolist(), b.tolist()
+    return torch.stack([a, b]).tolist()
