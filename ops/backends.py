@@ -136,11 +136,6 @@ def backend_for(tensor: torch.Tensor) -> str:
     return _select(tensor.device.type)
 
 
-def select_backend(device_type: str) -> str:
-    """``backend_for`` given the device type (``"cpu"``, ``"cuda"``...) instead of a tensor."""
-    return _select(device_type)
-
-
 @torch.compiler.assume_constant_result  # torch.compile: decided once, at trace time
 def _select(device_type: str) -> str:
     forced = forced_backend()
@@ -166,3 +161,7 @@ def _select(device_type: str) -> str:
 def backend_module(name: str) -> ModuleType:
     """The module implementing backend ``name`` (imported lazily, on first use)."""
     return importlib.import_module(_MODULES[name])
+
+
+# ``backend_for`` given the device type ("cpu", "cuda"...) instead of a tensor
+select_backend = _select

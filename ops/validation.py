@@ -23,8 +23,9 @@ def _need(cond: bool, msg: str) -> None:
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
-    _need(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return t  # type: ignore[return-value]
+    if not isinstance(t, torch.Tensor):  # the message is only built on failure
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
 
 
 def _index(name: str, t: object, rank: int, device: torch.device) -> torch.Tensor:
