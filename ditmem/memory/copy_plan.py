@@ -21,6 +21,8 @@ MIN_GRANULE = 4096  # finer granules make mappings long for little saving
 def granule_for(page_bytes: int, trim: bool, wanted: int = TRIM_GRANULE) -> int:
     """Bytes per copied block: ``page_bytes`` without trimming, else the largest power of two
     <= ``wanted`` that divides ``page_bytes`` (``page_bytes`` if that is < MIN_GRANULE)."""
+    if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted <= 0:
+        raise ValueError(f"trim_granule: expected a positive int, got {wanted!r}")
     if not trim or wanted >= page_bytes:
         return page_bytes
     g = min(page_bytes & -page_bytes, 1 << (wanted.bit_length() - 1))

@@ -141,6 +141,8 @@ def test_block_ids_trim_last_pages_to_granules():
     assert granule_for(page, trim=True, wanted=3 << 13) == 1 << 14  # a power of two
     assert granule_for(page, trim=True, wanted=page) == page
     assert granule_for(4096 + 16, trim=True) == 4096 + 16  # no useful power-of-two divisor
+    with pytest.raises(ValueError, match="trim_granule"):
+        OffloadEngine(PagePool(num_pages=2, page_bytes=page), HostPool(2, page), trim_granule=0)
     pool = PagePool(num_pages=16, page_bytes=page)
     a = pool.allocate_tensor(3 * (page // 4) - 100, (), torch.float32)  # 3 pages, 65136 B tail
     b = pool.allocate_tensor(10, (5,), torch.int64)  # 400 bytes in one page
