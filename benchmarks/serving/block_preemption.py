@@ -16,6 +16,7 @@ makespan ratio. Repeats alternate the modes; medians reported.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -53,7 +54,7 @@ def _timed(fn, repeats=3) -> float:
 
 def measured_profile(gen) -> dict:
     """Step seconds of both shapes and the cost of one preemption point, measured now."""
-    pool = PagePool(8192, PAGE)
+    pool = PagePool(2048, PAGE)
     points, step_of = [], {}
     small = GenerationRequest("p", seed=0, **URGENT)
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def run(gen, profile, mode, urgent_at, slo_ms, k=None) -> dict:
     cost = CostModel.from_dict(profile)
     policy = make_policy("slo", cost, chunk_budget=0.03)
     policy.fixed_chunk = k
-    engine = Engine(gen, policy, cost, PagePool(8192, PAGE), HostPool(32768, PAGE),
+    engine = Engine(gen, policy, cost, PagePool(2048, PAGE), HostPool(4096, PAGE),
                     model="wan2.2-a14b", preemption=mode, offload_mode="thread",
                     decode_workers=1).start()
     t0 = time.perf_counter()
@@ -149,9 +150,11 @@ def main() -> int:
     for rep in range(repeats):
         for mode in (("step", "block") if rep % 2 == 0 else ("block", "step")):
             rows[mode].append(run(gen, profile, mode, urgent_at, slo_ms, args.k))
+            gc.collect()
         for mode in ("step", "block"):  # throughput: the videos alone
             alone = run(gen, profile, mode, [], slo_ms, args.k)
             rows[mode][-1]["videos_only_s"] = alone["makespan_s"]
+            gc.collect()
     same = all(all((a == b).all() for a, b in zip(s["outputs"], b_["outputs"], strict=True))
                for s, b_ in zip(rows["step"], rows["block"], strict=True))
     summary = {
