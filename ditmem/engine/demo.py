@@ -17,17 +17,14 @@ from pathlib import Path
 from ditmem.engine.report import comparison_table, run_summary
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 
-#: Measured on the development machine by ``ditmem profile`` (in the source tree).
-DEFAULT_PROFILE = str(Path(__file__).resolve().parents[2] / "benchmarks" / "serving"
-                      / "cpu-tiny-measured.json")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image")
-    p.add_argument("--profile", default=DEFAULT_PROFILE,
-                   help="profile JSON from `ditmem profile` (default: the one measured on the "
-                        "development machine, so every run replays the same trace), a "
-                        "profile name, or 'measure' to measure one now for the demo shapes")
+    p.add_argument("--profile", default="measure",
+                   help="'measure' (default: measure this machine now, so that the target "
+                        "load is the real load here), a profile JSON from `ditmem profile` "
+                        "(e.g. benchmarks/serving/cpu-tiny-measured.json, to replay the "
+                        "development machine's trace), or a profile name")
     p.add_argument("--profile-out", default="demo_profile.json",
                    help="where the measured profile is saved (with --profile measure)")
     p.add_argument("--workload", default="seed-mix")
@@ -185,9 +182,9 @@ def main(args) -> int:
     from ditmem.scheduler import CostModel
 
     set_torch_threads(args.threads)
-    if args.profile == DEFAULT_PROFILE and not Path(DEFAULT_PROFILE).is_file():
-        print(f"ditmem demo: {DEFAULT_PROFILE} is missing; pass --profile FILE (from "
-              "`ditmem profile`) or --profile measure", file=sys.stderr)
+    if args.profile != "measure" and args.profile.endswith(".json") \
+            and not Path(args.profile).is_file():
+        print(f"ditmem demo: --profile {args.profile}: no such file", file=sys.stderr)
         return 2
     started = time.perf_counter()
     gen = models.load(args.model)
