@@ -58,20 +58,7 @@ class Scenario:
         if self.trace_timed:
             out = []
             for r in base:
-                copy = Request(
-                    r.id,
-                    r.arrival,
-                    r.model,
-                    r.width,
-                    r.height,
-                    r.frames,
-                    r.steps,
-                    r.priority,
-                    r.slo_ms,
-                    r.prompt,
-                    r.seed,
-                )
-                out.append(self.cost.assign_deadline(copy, self.slo_scale))
+                out.append(self.cost.assign_deadline(r.resubmitted(r.arrival), self.slo_scale))
             return out
         return with_load(
             base, self.cost, load, seed=seed, arrival=self.arrival, slo_scale=self.slo_scale

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 #: Scheduling weight of each priority class (0 high, 1 normal, 2 low): 3:2:1.
@@ -51,6 +51,17 @@ class Request:
     def weight(self) -> int:
         """Scheduling weight of the request's priority class (3, 2 or 1)."""
         return PRIORITY_WEIGHTS[self.priority]
+
+    def resubmitted(self, arrival: float, request_id: str | None = None) -> Request:
+        """A copy as if submitted anew: same shape, steps, priority, SLO, prompt and seed;
+        a new ``arrival`` (and id when given); no deadline yet (assign one before queueing)."""
+        return replace(
+            self,
+            id=self.id if request_id is None else request_id,
+            arrival=arrival,
+            deadline=None,
+            standalone_s=None,
+        )
 
 
 class Location(str, Enum):

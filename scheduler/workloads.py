@@ -171,21 +171,7 @@ def workload(
         for i in range(n):
             r = base[i % len(base)]
             rid = r.id if i < len(base) else f"{r.id}#{i // len(base)}"
-            out.append(
-                Request(
-                    rid,
-                    0.0,
-                    r.model,
-                    r.width,
-                    r.height,
-                    r.frames,
-                    r.steps,
-                    r.priority,
-                    r.slo_ms,
-                    r.prompt,
-                    r.seed,
-                )
-            )
+            out.append(r.resubmitted(0.0, rid))
     rate = load / mean_standalone(name, cost, scale)
     times = arrival_times(len(out), rate, parse_arrival(arrival), rng)
     for r, t in zip(out, times, strict=True):
@@ -209,18 +195,5 @@ def with_load(
     times = arrival_times(len(requests), load / mean, parse_arrival(arrival), rng)
     out = []
     for r, t in zip(requests, times, strict=True):
-        copy = Request(
-            r.id,
-            t,
-            r.model,
-            r.width,
-            r.height,
-            r.frames,
-            r.steps,
-            r.priority,
-            r.slo_ms,
-            r.prompt,
-            r.seed,
-        )
-        out.append(cost.assign_deadline(copy, slo_scale))
+        out.append(cost.assign_deadline(r.resubmitted(t), slo_scale))
     return out
