@@ -1,24 +1,10 @@
-"""Helpers shared by the memory benchmarks: timing, tables, JSON."""
+"""Helpers shared by the memory benchmarks: tables, JSON."""
 
 from __future__ import annotations
 
 import json
 import platform
-import statistics
 import time
-from collections.abc import Callable
-
-
-def median_time(fn: Callable[[], None], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` in seconds over ``repeats`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:

@@ -68,16 +68,6 @@ def attention_flops(q_lens, kv_lens, heads, dim) -> float:
     return sum(4.0 * a * b * heads * dim for a, b in zip(q_lens, kv_lens, strict=True))
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
 
 def samples(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
     """Seconds of each call, interleaving the functions on every repeat so that machine
