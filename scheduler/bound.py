@@ -1,63 +1,148 @@
 """An offline bound: the fewest deadline misses *any* schedule must have on a trace.
 
 For a time window [t1, t2], the requests that arrive at or after t1 and are due by t2 need
-their work done inside it. If their work exceeds t2 − t1, some of them must miss; at least
-as many as it takes, dropping the largest first, to bring the rest within the window.
-Windows that do not overlap in time cannot share device time, so their counts add up: the
-best set of disjoint windows (weighted interval scheduling) gives a lower bound on misses
-that holds for every policy, clairvoyant ones included, and hence an upper bound on SLO
-attainment. Each request's work is its *cheapest* possible per-request time (its FLOPs at
-full utilisation, no per-step floor), so the bound stays valid with any batching.
+their work done inside it. Relaxing their arrivals to t1 leaves one machine with deadlines,
+where Moore–Hodgson's rule (take them by deadline; whenever the work so far overruns the
+current deadline, drop the largest) gives the exact fewest misses — so every schedule,
+clairvoyant ones included, misses at least that many of them. Windows that do not overlap in
+time cannot share device time, so their counts add up: the best set of disjoint windows
+(weighted interval scheduling) gives a lower bound on misses, and hence an upper bound on
+SLO attainment. (``windows="single"`` checks only each window's last deadline, the weaker
+rule of the first version, kept for comparison.)
+
+A request's *work* must be a lower bound on the device time it takes, with any batching:
+
+* ``work="profile"`` (default): the least the simulated device can charge — per step, the
+  lowest share of a packed step the cost model allows (``CostModel.profile_step_share``:
+  its per-step floor split over a full batch, utilisation with the largest partners of the
+  trace), plus encode and decode, which run serially;
+* ``work="flops"``: device physics only — its FLOPs at full utilisation, no per-step floor
+  (valid for any device of that peak rate; looser).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 
 from .cost import CostModel
 from .request import Request
 
+WORK_KINDS = ("profile", "flops")
+WINDOW_RULES = ("moore-hodgson", "single")
 
-def min_work(request: Request, cost: CostModel) -> float:
-    """The least device seconds the request can cost: encode + decode + its steps at the
-    cost model's lower bound on a request's share of any batch (``min_step_share``)."""
-    share = cost.min_step_share(request.model, cost.tokens(request))
+
+def min_work(
+    request: Request,
+    cost: CostModel,
+    work: str = "profile",
+    partners: tuple[int, int] | None = None,
+) -> float:
+    """The least device seconds ``request`` can cost: encode + decode + its steps at the
+    least share of a step (``work``, see the module docstring). ``partners`` = (fewest, most)
+    tokens a batch partner can have (default: the request's own, i.e. same-shape batches)."""
+    tokens = cost.tokens(request)
+    if work == "profile":
+        lo, hi = partners if partners is not None else (tokens, tokens)
+        share = cost.profile_step_share(request.model, tokens, lo, hi)
+    elif work == "flops":
+        share = cost.min_step_share(request.model, tokens)
+    else:
+        raise ValueError(f"work must be one of {WORK_KINDS}, got {work!r}")
     return cost.encode_time(request) + request.steps * share + cost.decode_time(request)
 
 
-def min_misses(requests: Sequence[Request], cost: CostModel, horizon: float | None = None) -> int:
+def trace_work(
+    requests: Sequence[Request], cost: CostModel, work: str = "profile"
+) -> Callable[[Request], float]:
+    """``min_work`` for requests of this trace (partners: any same-model request of it)."""
+    span: dict[str, tuple[int, int]] = {}
+    for r in requests:
+        n = cost.tokens(r)
+        lo, hi = span.get(r.model, (n, n))
+        span[r.model] = (min(lo, n), max(hi, n))
+    return lambda r: min_work(r, cost, work, span[r.model])
+
+
+def min_misses(
+    requests: Sequence[Request],
+    cost: CostModel,
+    horizon: float | None = None,
+    *,
+    work: str = "profile",
+    windows: str = "moore-hodgson",
+) -> int:
     """A lower bound on the number of requests that miss their deadline under any policy.
 
-    ``horizon`` caps window length (s); default 4× the longest SLO window.
+    ``horizon`` caps window length (s); default 4× the longest SLO window. ``work`` and
+    ``windows`` choose the per-request work and the per-window rule (module docstring).
     """
-    jobs = sorted(
-        ((r.arrival, r.deadline, min_work(r, cost)) for r in requests), key=lambda j: j[0]
-    )
+    if windows not in WINDOW_RULES:
+        raise ValueError(f"windows must be one of {WINDOW_RULES}, got {windows!r}")
+    if not requests:
+        return 0
+    cost_of = trace_work(requests, cost, work)
+    jobs = sorted(((r.arrival, r.deadline, cost_of(r)) for r in requests), key=lambda j: j[0])
     if horizon is None:
         horizon = 4 * max(d - a for a, d, _ in jobs)
-    windows: list[tuple[float, float, int]] = []
+    count = _moore_hodgson if windows == "moore-hodgson" else _single_deadline
+    found = _windows(jobs, horizon, count)
+    if windows == "moore-hodgson":
+        # The mirror image (time reversed): deadlines relaxed to t2, arrivals kept.
+        mirror = sorted(((-d, -a, p) for a, d, p in jobs), key=lambda j: j[0])
+        found += [(-t2, -t1, n) for t1, t2, n in _windows(mirror, horizon, count)]
+    return _best_disjoint(found)
+
+
+def _windows(jobs: list, horizon: float, count) -> list[tuple[float, float, int]]:
+    """``count`` over each window [t1, t1 + horizon] starting at an arrival (jobs by arrival)."""
+    found: list[tuple[float, float, int]] = []
     for i, (t1, _, _) in enumerate(jobs):
-        inside = sorted(
-            (j for j in jobs[i:] if j[0] >= t1 and j[1] <= t1 + horizon), key=lambda j: j[1]
-        )
-        if not inside:
+        inside = []
+        for j in jobs[i:]:
+            if j[0] > t1 + horizon:
+                break
+            if j[1] <= t1 + horizon:
+                inside.append(j)
+        inside.sort(key=lambda j: j[1])
+        found += count(t1, inside)
+    return found
+
+
+def _moore_hodgson(t1: float, inside: list) -> list[tuple[float, float, int]]:
+    """Windows [t1, t2] where the fewest misses (arrivals relaxed to t1) rise, with counts."""
+    out: list[tuple[float, float, int]] = []
+    kept: list[float] = []  # max-heap of kept works (negated)
+    total, drops = 0.0, 0
+    for _, t2, p in inside:
+        heapq.heappush(kept, -p)
+        total += p
+        if total - (t2 - t1) > 1e-9:
+            total += heapq.heappop(kept)
+            drops += 1
+            out.append((t1, t2, drops))
+    return out
+
+
+def _single_deadline(t1: float, inside: list) -> list[tuple[float, float, int]]:
+    """Windows [t1, t2] with the misses needed to fit only the total work by t2."""
+    out: list[tuple[float, float, int]] = []
+    works: list[float] = []
+    total = 0.0
+    for k, (_, t2, p) in enumerate(inside):
+        bisect.insort(works, p)
+        total += p
+        if k + 1 < len(inside) and inside[k + 1][1] == t2:
             continue
-        works: list[float] = []
-        total = 0.0
-        for k, (_, t2, p) in enumerate(inside):
-            bisect.insort(works, p)
-            total += p
-            if k + 1 < len(inside) and inside[k + 1][1] == t2:
-                continue
-            excess = total - (t2 - t1)
-            drops = 0
-            while excess > 1e-9:
-                excess -= works[-1 - drops]
-                drops += 1
-            if drops:
-                windows.append((t1, t2, drops))
-    return _best_disjoint(windows)
+        excess = total - (t2 - t1)
+        drops = 0
+        while excess > 1e-9:
+            excess -= works[-1 - drops]
+            drops += 1
+        if drops:
+            out.append((t1, t2, drops))
+    return out
 
 
 def _best_disjoint(windows: list[tuple[float, float, int]]) -> int:

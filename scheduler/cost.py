@@ -68,9 +68,22 @@ class CostModel:
         return base * self._correction[model]
 
     def min_step_share(self, model: str, tokens: int) -> float:
-        """A lower bound on one request's share of any packed step it is part of (s)."""
+        """A lower bound on one request's share of any packed step it is part of (s), from
+        device physics alone: its FLOPs at full utilisation (FLOPs step models only)."""
         self._model(model)
         return self._steps[model].min_share(tokens) * self._correction[model]
+
+    def profile_step_share(
+        self, model: str, tokens: int, partner_min: int, partner_max: int
+    ) -> float:
+        """A lower bound on one request's share of any step this cost model charges (s), when
+        its batch partners have ``partner_min``..``partner_max`` tokens (``max_batch`` caps
+        the batch): the least this device's profile lets a request-step cost."""
+        self._model(model)
+        share = self._steps[model].profile_share(
+            tokens, self.max_batch(model), partner_min, partner_max
+        )
+        return share * self._correction[model]
 
     def encode_time(self, request: Request) -> float:
         """Seconds to encode the prompt (once, when the request starts)."""

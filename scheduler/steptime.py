@@ -65,6 +65,21 @@ class FlopsStepModel:
         """Infimum of one request's share of any batch's step: its FLOPs at full utilisation."""
         return self.cfg * self.tflop(tokens) / self.rate
 
+    def profile_share(
+        self, tokens: int, max_batch: int, partner_min: int, partner_max: int
+    ) -> float:
+        """A lower bound on one request's share of any step ``seconds`` charges, when batches
+        hold at most ``max_batch`` members of at most ``partner_max`` tokens each.
+
+        A step splits exactly into per-member shares ``floor/B + cfg·F(n_i)/R · (N + N0)/N``
+        (B members, N tokens in all); B ≤ ``max_batch`` and N ≤ n + (max_batch − 1) ·
+        ``partner_max`` bound each share from below. ``partner_min`` is unused here (the
+        share only grows with smaller partners)."""
+        del partner_min
+        total = tokens + (max_batch - 1) * partner_max
+        work = self.cfg * self.tflop(tokens) / self.rate
+        return self.floor / max_batch + work * (total + self.n0) / total
+
 
 class TableStepModel:
     """Measured points ``(tokens, batch) -> seconds``, interpolated log-log in tokens."""
@@ -99,9 +114,28 @@ class TableStepModel:
         return sum(self._interp(self.curves[1], math.log(n)) for n in tokens)
 
     def min_share(self, tokens: int) -> float:
-        """Least per-request step time over the measured batch sizes (tokens each)."""
-        x = math.log(tokens)
-        return min(self._interp(curve, x) / b for b, curve in self.curves.items())
+        """Not defined: a measured table has no FLOPs to bound a share by."""
+        raise ValueError("a table (measured) step model has no FLOPs bound; use profile_share")
+
+    def profile_share(
+        self, tokens: int, max_batch: int, partner_min: int, partner_max: int
+    ) -> float:
+        """A lower bound on one request's share of any step ``seconds`` charges, when batches
+        hold at most ``max_batch`` members of ``partner_min``..``partner_max`` tokens each.
+
+        A batch of a measured size b costs ``curve_b(mean tokens)``, shared equally; any
+        other batch costs the sum of its members' batch-1 times. So the share is at least the
+        least of the batch-1 time and, for each measured b ≤ ``max_batch``, ``curve_b / b``
+        over the means the partners allow (log-log linear pieces: ends and knots suffice)."""
+        best = self._interp(self.curves[1], math.log(tokens))
+        for b, curve in self.curves.items():
+            if b == 1 or b > max_batch:
+                continue
+            lo = math.log((tokens + (b - 1) * partner_min) / b)
+            hi = math.log((tokens + (b - 1) * partner_max) / b)
+            xs = [lo, hi] + [x for x, _ in curve if lo < x < hi]
+            best = min(best, min(self._interp(curve, x) for x in xs) / b)
+        return best
 
 
 def make_step_model(step: dict):
