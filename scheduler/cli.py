@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="with --preemption block: K blocks per chunk (default: chosen from the cost model)",
     )
+    parser.add_argument(
+        "--decode",
+        choices=("inline", "concurrent"),
+        default="inline",
+        help="VAE decode on the step loop (inline, default) or on a worker beside it that "
+        "shares the device (concurrent, earliest deadline first)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -108,6 +115,7 @@ def _scenario(args) -> Scenario:
         policy_options=_options(args.opt),
         preemption=args.preemption,
         block_chunk=args.block_chunk,
+        decode=args.decode,
     )
     if args.workload:
         return Scenario(workload=args.workload, **common)

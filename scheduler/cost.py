@@ -52,6 +52,11 @@ class CostModel:
             )
         return section
 
+    @property
+    def page_bytes(self) -> int:
+        """The engine's page size this profile describes (``DEFAULT_PAGE_BYTES`` if unsaid)."""
+        return int(self.profile.get("page_bytes", DEFAULT_PAGE_BYTES))
+
     # ---- time -------------------------------------------------------------------------
     def tokens(self, request: Request) -> int:
         """Tokens per denoising forward of ``request`` (image/video tokens)."""

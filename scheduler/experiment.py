@@ -37,6 +37,7 @@ class Scenario:
     policy_options: dict[str, dict] = field(default_factory=dict)
     label: str | None = None
     preemption: str = "step"
+    decode: str = "inline"
     block_chunk: int | None = None
 
     def requests_for(self, load: float, seed: int) -> list[Request]:
@@ -95,6 +96,7 @@ def run_point(
             slo_scale=scenario.slo_scale,
             progress=progress,
             preemption=scenario.preemption,
+            decode=scenario.decode,
         )
         records += result.records
         chunks += result.chunks
@@ -109,6 +111,7 @@ def run_point(
         "slo_scale": scenario.slo_scale,
         "seeds": list(scenario.seeds),
         "preemption": scenario.preemption,
+        "decode": scenario.decode,
         "block_chunk": scenario.block_chunk,
         "chunks": chunks,
         "parks": parks,

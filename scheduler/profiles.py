@@ -65,7 +65,7 @@ MODEL_NUMBERS = (
     "decode_s_per_megapixel",
     "max_batch",
 )
-OPTIONAL_TOP = ("chunk_overhead_s",)
+OPTIONAL_TOP = ("chunk_overhead_s", "page_bytes")
 OPTIONAL_MODEL = ("blocks", "activation_bytes_per_token", "activation_bytes_per_request")
 STEP_NUMBERS = {
     "flops": ("flops_points", "cfg_passes", "effective_tflops", "step_floor_s", "batching"),

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .block_step import BlockPlanError, run_chunk
-from .cost import DEFAULT_PAGE_BYTES, CostModel
+from .cost import CostModel
+from .decode_lane import DECODE_MODES, DecodeLane
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
@@ -77,7 +78,9 @@ class _Engine:
         self.parks: dict[str, int] = {}
         self.max_active = max_active
         self.page_bytes = page_bytes
-        self.total = device_pages if device_pages is not None else cost.device_pages(model)
+        self.total = (
+            device_pages if device_pages is not None else cost.device_pages(model, page_bytes)
+        )
         self.free = self.total
         self.host_free = cost.host_pages(page_bytes)
         self.waiting = WaitingQueue()
@@ -139,25 +142,33 @@ def simulate(
     cost: CostModel | None = None,
     *,
     slo_scale: float = 3.0,
-    page_bytes: int = DEFAULT_PAGE_BYTES,
+    page_bytes: int | None = None,
     device_pages: int | None = None,
     max_active: int | None = DEFAULT_MAX_ACTIVE,
     progress: Callable[[int, int], None] | None = None,
     preemption: str = "step",
+    decode: str = "inline",
+    decode_share: float = 0.5,
 ) -> SimResult:
     """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
 
     The device's true timings come from ``cost`` (default: the policy's cost model). The
     policy sees only arrived requests, at decision points between iterations. Every request
-    runs to completion. At most ``max_active`` requests are started at once (None: no cap);
+    runs to completion (``page_bytes`` default: the profile's page size). At most
+    ``max_active`` requests are started at once (None: no cap);
     ``device_pages`` overrides the page count the profile leaves for request state.
     ``progress(done, total)`` is called as requests finish. ``preemption="block"`` runs
     steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): at a chunk
     boundary after which a request has arrived the policy decides again and may park the
     part-done step; with no arrival the step continues (the engine only checks its intake).
+    ``decode="concurrent"`` models a decode worker beside the step loop on the same device
+    (:mod:`ditmem.scheduler.decode_lane`) that gets ``decode_share`` of the device while
+    both have work; a request holds its pages until its decode ends.
     """
     if preemption not in PREEMPTION_MODES:
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
+    if decode not in DECODE_MODES:
+        raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
     truth = cost or policy.cost
     if not requests:
         return SimResult([], 0.0, 0, 0.0)
@@ -168,6 +179,7 @@ def simulate(
     for r in pending:
         if r.deadline is None or r.standalone_s is None:
             policy.cost.assign_deadline(r, slo_scale)
+    page_bytes = truth.page_bytes if page_bytes is None else page_bytes
     eng = _Engine(truth, pending[0].model, page_bytes, device_pages, max_active, preemption)
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
@@ -175,6 +187,14 @@ def simulate(
     batch_sizes: dict[int, int] = {}
     total, chunks, overhead_total = len(pending), 0, 0.0
     block = preemption == "block"
+    lane = DecodeLane(decode_share) if decode == "concurrent" else None
+    decoding: dict[str, RequestStatus] = {}
+
+    def record(s: RequestStatus, at: float) -> None:
+        eng.free += s.pages
+        records.append(Record(s.request, s.started_at, at, s.preemptions,
+                              eng.offloads.get(s.id, 0), eng.parks.get(s.id, 0)))
+
     while len(records) < total:
         arrived = False
         while nxt < total and pending[nxt].arrival <= now:
@@ -189,6 +209,16 @@ def simulate(
             plan = StepPlan(batch=list(last_batch))
         else:
             plan = policy.schedule(now, eng.view(last_batch))
+        if plan.idle and lane is not None and len(lane):
+            # Only the decode worker has work: it runs alone until an arrival or until its
+            # next decode ends (which frees pages), whichever is first.
+            now, done = lane.run_until(now, pending[nxt].arrival if nxt < total else None)
+            for rid, at in done:
+                record(decoding.pop(rid), at)
+            if done and progress is not None:
+                progress(len(records), total)
+            last_batch = ()
+            continue
         if plan.idle:
             if nxt >= total:
                 raise PlanError(
@@ -242,31 +272,32 @@ def simulate(
         for s in stepped:
             s.steps_done += 1
             if s.steps_done == s.request.steps:
-                decode += truth.decode_time(s.request)
+                if lane is None:
+                    decode += truth.decode_time(s.request)
                 finished.append(s)
         for rid in plan.pause:
             if rid in eng.active:
                 eng.active[rid].preemptions += 1
         duration = pre + encode + step + overhead + decode
         overhead_total += overhead
-        now += duration
+        decoded: list[tuple[str, float]] = []
+        if lane is None:
+            now += duration
+        else:
+            now, decoded = lane.share(now, duration)
         busy += duration
         iterations += 1
         batch_sizes[len(members)] = batch_sizes.get(len(members), 0) + 1
+        for rid, at in decoded:
+            record(decoding.pop(rid), at)
         for s in finished:
             del eng.active[s.id]
-            eng.free += s.pages
-            records.append(
-                Record(
-                    s.request,
-                    s.started_at,
-                    now,
-                    s.preemptions,
-                    eng.offloads.get(s.id, 0),
-                    eng.parks.get(s.id, 0),
-                )
-            )
-        if progress is not None and finished:
+            if lane is None:
+                record(s, now)
+            else:
+                decoding[s.id] = s
+                lane.push(s.id, s.request.deadline, truth.decode_time(s.request))
+        if progress is not None and (decoded or (finished and lane is None)):
             progress(len(records), total)
         last_batch = tuple(plan.batch)
         policy.observe(

@@ -118,7 +118,8 @@ def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
 
 
 def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: int,
-                  weights_bytes: int, link: float, tool: str = "ditmem profile") -> dict:
+                  weights_bytes: int, link: float, tool: str = "ditmem profile",
+                  page_kb: int = 64) -> dict:
     """The version-1 profile dict for the measured model's scheduler key."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     src = f"measured by `{tool} --model {model}` on this machine, {when}"
@@ -138,6 +139,7 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
         "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
         "host_bytes": n(4 * pool, "engine default host pool: 4x the device pool"),
         "host_link_bytes_per_s": n(link, "median of 5 copies of a 64 MiB arena"),
+        "page_bytes": n(page_kb * 1024, "the engine's page size (--page-kb)"),
         "models": {m["key"]: {
             "weights_bytes": n(weights_bytes, "sum of parameter bytes of all components"),
             "workspace_bytes": n(workspace, "reserve for step activations (not measured)"),
@@ -167,7 +169,8 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
     weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
                   if hasattr(c, "parameters") for p in c.parameters())
     return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
-                         weights_bytes=weights, link=host_link_rate(), tool=tool)
+                         weights_bytes=weights, link=host_link_rate(), tool=tool,
+                         page_kb=page_kb)
 
 
 def main(args) -> int:

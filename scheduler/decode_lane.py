@@ -1,0 +1,83 @@
+"""A decode lane that shares the device with the step loop (processor sharing).
+
+With ``decode="concurrent"`` the engine hands a request whose last step is done to a decode
+worker and goes on stepping others; the worker and the step loop then share one device.
+While both have work the worker gets ``share`` of the device (0.5: plain time slicing;
+lower when the worker runs at a lower OS priority) and the step loop the rest; alone,
+either runs at full speed. The worker decodes the earliest deadline first.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+#: How the VAE decode after the last step runs: on the step loop, or beside it.
+DECODE_MODES = ("inline", "concurrent")
+
+
+@dataclass(order=True, slots=True)
+class _Decode:
+    deadline: float
+    seq: int
+    rid: str = field(compare=False)
+    remaining: float = field(compare=False)
+
+
+class DecodeLane:
+    """Pending decodes (earliest deadline first) and their remaining device seconds."""
+
+    def __init__(self, share: float = 0.5) -> None:
+        if not 0.0 < share < 1.0:
+            raise ValueError(f"share must be in (0, 1), got {share}")
+        self.share_of_device = share
+        self._heap: list[_Decode] = []
+        self._seq = 0
+        self.busy_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, rid: str, deadline: float, seconds: float) -> None:
+        """Queue the decode of ``rid`` (``seconds`` of work alone on the device)."""
+        heapq.heappush(self._heap, _Decode(deadline, self._seq, rid, max(0.0, seconds)))
+        self._seq += 1
+
+    def share(self, now: float, work: float) -> tuple[float, list[tuple[str, float]]]:
+        """Run ``work`` seconds of step-loop work from ``now`` beside the pending decodes.
+
+        Returns (when the work is done, [(request id, decode finish time), ...]).
+        """
+        done: list[tuple[str, float]] = []
+        a = self.share_of_device
+        while work > 1e-12:
+            if not self._heap:
+                return now + work, done
+            head = self._heap[0]
+            dt = min(head.remaining / a, work / (1.0 - a))
+            now += dt
+            work -= dt * (1.0 - a)
+            head.remaining -= dt * a
+            self.busy_s += dt * a
+            if head.remaining <= 1e-12:
+                heapq.heappop(self._heap)
+                done.append((head.rid, now))
+        return now, done
+
+    def run_until(self, now: float, until: float | None) -> tuple[float, list[tuple[str, float]]]:
+        """Decode alone at full speed from ``now`` until ``until`` or the next decode ends,
+        whichever is first (``until`` None: until the next decode ends).
+
+        Returns (the time reached, [(request id, decode finish time)] with at most one entry).
+        """
+        if not self._heap:
+            return (now if until is None else max(now, until)), []
+        head = self._heap[0]
+        dt = head.remaining if until is None else max(0.0, min(head.remaining, until - now))
+        now += dt
+        head.remaining -= dt
+        self.busy_s += dt
+        if head.remaining <= 1e-12:
+            heapq.heappop(self._heap)
+            return now, [(head.rid, now)]
+        return now, []

@@ -1,0 +1,91 @@
+"""The concurrent decode lane (processor sharing) and the profile's page size, by hand."""
+
+from __future__ import annotations
+
+import pytest
+from sched_factories import PAGE, req, table_profile
+
+from ditmem.scheduler import CostModel, make_policy
+from ditmem.scheduler.decode_lane import DecodeLane
+from ditmem.scheduler.simulator import simulate
+
+MP_512 = 512 * 512 / 1e6
+
+
+def test_lane_shares_the_device_and_decodes_earliest_deadline_first():
+    lane = DecodeLane(share=0.5)
+    lane.push("late", deadline=10.0, seconds=2.0)
+    # 1 s of step work beside it at half speed ends at t=2; "late" has 1 s left.
+    end, done = lane.share(0.0, 1.0)
+    assert end == pytest.approx(2.0) and done == []
+    lane.push("early", deadline=5.0, seconds=0.5)
+    # alone until the next decode ends: "early" jumps the queue and ends at 2.5
+    t, done = lane.run_until(2.0, None)
+    assert done == [("early", pytest.approx(2.5))] and t == pytest.approx(2.5)
+    # an arrival at 3.0 stops the lane there with "late" at 0.5 s left
+    t, done = lane.run_until(2.5, 3.0)
+    assert t == pytest.approx(3.0) and done == []
+    end, done = lane.share(3.0, 10.0)  # 0.5 s left ends at 4.0; then 9.5 s of work alone
+    assert done == [("late", pytest.approx(4.0))] and end == pytest.approx(13.5)
+
+
+def test_lane_with_a_small_share_leaves_the_step_loop_most_of_the_device():
+    lane = DecodeLane(share=0.2)
+    lane.push("a", deadline=1.0, seconds=1.0)
+    end, done = lane.share(0.0, 4.0)  # 4 s of work at 0.8 -> 5 s; decode gets 1 s by then
+    assert end == pytest.approx(5.0) and done == [("a", pytest.approx(5.0))]
+    with pytest.raises(ValueError, match="share"):
+        DecodeLane(share=1.0)
+
+
+def _two_requests(cost):
+    return [req("a", 0.0, steps=4, cost=cost), req("b", 0.0, steps=4, cost=cost)]
+
+
+@pytest.mark.parametrize("decode, finish_a, finish_b", [
+    ("inline", 5.0, 10.0),      # a: 4 steps + 1 s decode; b behind it
+    ("concurrent", 6.0, 10.0),  # a's decode shares [4, 6] with b's steps at half speed
+])
+def test_fifo_schedule_by_hand(decode, finish_a, finish_b):
+    cost = CostModel.from_dict(table_profile(decode_s_per_mp=1.0 / MP_512))
+    result = simulate(_two_requests(cost), make_policy("fifo", cost), decode=decode)
+    finished = {r.request.id: r.finished for r in result.records}
+    assert finished == {"a": pytest.approx(finish_a), "b": pytest.approx(finish_b)}
+
+
+def test_unknown_decode_mode_is_rejected():
+    cost = CostModel.from_dict(table_profile())
+    with pytest.raises(ValueError, match="decode must be one of"):
+        simulate(_two_requests(cost), make_policy("fifo", cost), decode="sideways")
+
+
+def test_simulator_uses_the_profiles_page_size():
+    data = table_profile(device_bytes=4 * PAGE, state_bytes=PAGE)
+    with pytest.raises(ValueError, match="no room for pages"):  # 64 MiB default pages
+        simulate(_two_requests(CostModel.from_dict(data)),
+                 make_policy("fifo", CostModel.from_dict(data)))
+    data["page_bytes"] = {"value": PAGE, "source": "test"}
+    cost = CostModel.from_dict(data)
+    assert cost.page_bytes == PAGE
+    result = simulate(_two_requests(cost), make_policy("srtf", cost))
+    assert len(result.records) == 2
+
+
+def test_cli_decode_flag_reaches_the_simulation(tmp_path):
+    import json
+
+    from ditmem.cli import build_parser
+
+    rows = {}
+    for mode in ("inline", "concurrent"):
+        out = tmp_path / f"{mode}.json"
+        parser, module = build_parser("sim")
+        args = parser.parse_args(["sim", "--workload", "seed-mix", "--scale", "cpu",
+                                  "--device", "cpu-tiny", "--policy", "fifo",
+                                  "--requests", "60", "--decode", mode, "--json", str(out),
+                                  "--quiet"])
+        assert module.main(args) == 0
+        rows[mode] = json.loads(out.read_text())[0]
+    assert rows["concurrent"]["decode"] == "concurrent"
+    # fifo's next request steps while the previous one decodes: a different schedule
+    assert rows["concurrent"]["p50_s"] != rows["inline"]["p50_s"]
