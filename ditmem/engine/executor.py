@@ -8,9 +8,9 @@ request so the others still advance (the generator writes nothing back when a st
 from __future__ import annotations
 
 import queue
-from concurrent.futures import ThreadPoolExecutor
 
 from ditmem.engine.block_steps import BlockSteps
+from ditmem.engine.decode_worker import DecodeWorkers
 from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import GenerationResult, RequestCancelled, RequestFailed
 from ditmem.engine.stages import Stages, state_pages
@@ -41,9 +41,10 @@ class PlanExecutor:
         self.last_batch: tuple[str, ...] = ()
         self._blocks_run: int | None = None
         self.stats = EngineStats()
-        # decode off the step loop (a worker thread), results handed back through a queue
+        # decode off the step loop (worker threads, earliest deadline first), results handed
+        # back through a queue
         workers = engine.decode_workers
-        self.decoder = ThreadPoolExecutor(workers, "ditmem-decode") if workers else None
+        self.decoder = DecodeWorkers(workers) if workers else None
         self.decoding: dict[str, Job] = {}
         self.decoded: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -223,7 +224,7 @@ class PlanExecutor:
             self.decoded.put((job, out, err))
             intake.signal()
 
-        self.decoder.submit(run)
+        self.decoder.submit(job.sched.deadline, run)
 
     def _count_preemptions(self, stepped: list[str]) -> None:
         """A request that stepped last iteration, is unfinished, and did not step now."""
