@@ -77,10 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--decode",
-        choices=("inline", "concurrent"),
+        choices=("inline", "concurrent", "tiled"),
         default="inline",
-        help="VAE decode on the step loop (inline, default) or on a worker beside it that "
-        "shares the device (concurrent, earliest deadline first)",
+        help="VAE decode: whole on the step loop after the last step (inline, default), on "
+        "a worker beside it sharing the device (concurrent), or one spatial tile at a time "
+        "between steps when it is due first (tiled; needs the profile's decode_tile_* "
+        "numbers)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from .decode_lane import tile_sizes
 from .models import geometry, tokens_for
 from .plan import StepReport
 from .profiles import load_profile, parse_profile
@@ -95,9 +96,23 @@ class CostModel:
         return float(self._model(request.model)["encode_s"])
 
     def decode_time(self, request: Request) -> float:
-        """Seconds for the VAE decode after the last step."""
-        mpix = request.width * request.height * request.frames / 1e6
-        return float(self._model(request.model)["decode_s_per_megapixel"]) * mpix
+        """Seconds for the VAE decode after the last step (all its tiles, if it tiles)."""
+        return sum(self.decode_tiles(request))
+
+    def decode_tiles(self, request: Request) -> list[float]:
+        """Seconds of each piece the decode runs as: one piece, or, when the profile gives
+        a tile geometry (``decode_tile_px``, ``decode_stride_px``, ``decode_tile_s``) and
+        the image is larger than a tile, one per spatial tile (an edge tile costs its share
+        of a full tile's pixels)."""
+        sec = self._model(request.model)
+        tile = sec.get("decode_tile_px")
+        if tile is None or (request.width <= tile and request.height <= tile):
+            mpix = request.width * request.height * request.frames / 1e6
+            return [float(sec["decode_s_per_megapixel"]) * mpix]
+        stride, full = int(sec["decode_stride_px"]), float(sec["decode_tile_s"])
+        rows = tile_sizes(request.height, int(tile), stride)
+        cols = tile_sizes(request.width, int(tile), stride)
+        return [full * request.frames * r * c / tile**2 for r in rows for c in cols]
 
     def standalone_time(self, request: Request) -> float:
         """Seconds the request takes alone on the device: encode + steps + decode."""

@@ -12,8 +12,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-#: How the VAE decode after the last step runs: on the step loop, or beside it.
-DECODE_MODES = ("inline", "concurrent")
+#: How the VAE decode after the last step runs: whole on the step loop, beside it on a
+#: worker, or on the step loop one spatial tile at a time between steps.
+DECODE_MODES = ("inline", "concurrent", "tiled")
+
+
+def tile_sizes(size: int, tile: int, stride: int) -> list[int]:
+    """Pixel extents of the tiles along one side of ``size`` pixels: tiles of ``tile``
+    start every ``stride`` and are cut at the edge (the diffusers VAE's tiled decode)."""
+    if tile < 1 or not 0 < stride <= tile:
+        raise ValueError(f"tile and stride must satisfy 0 < stride <= tile, got {tile}, {stride}")
+    return [min(tile, size - start) for start in range(0, size, stride)]
 
 
 @dataclass(order=True, slots=True)
@@ -81,3 +90,59 @@ class DecodeLane:
             heapq.heappop(self._heap)
             return now, [(head.rid, now)]
         return now, []
+
+
+@dataclass(order=True, slots=True)
+class _Tiled:
+    deadline: float
+    seq: int
+    rid: str = field(compare=False)
+    units: list[float] = field(compare=False)
+
+
+class TiledDecodes:
+    """Decodes split into tiles that run on the step loop one at a time (seconds per tile).
+
+    :meth:`pick` chooses which decode (if any) runs a tile instead of the planned step:
+    with no step planned, the earliest deadline; otherwise the earliest-deadline decode
+    that can still meet its deadline, if it is due before every member of the batch (a
+    decode that will miss anyway does not hold back requests that can still make it).
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[_Tiled] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def push(self, rid: str, deadline: float, tile_seconds: list[float]) -> None:
+        """Queue the decode of ``rid`` as tiles of ``tile_seconds`` each (at least one)."""
+        units = list(tile_seconds) or [0.0]
+        self._pending.append(_Tiled(deadline, self._seq, rid, units[::-1]))
+        self._pending.sort()
+        self._seq += 1
+
+    def pick(self, now: float, deadline: float | None) -> str | None:
+        """The decode to advance now instead of a step due at ``deadline`` (None: no step
+        planned), or None to run the step."""
+        if not self._pending:
+            return None
+        if deadline is None:
+            return self._pending[0].rid
+        for d in self._pending:
+            if d.deadline >= deadline:
+                return None
+            if now + sum(d.units) <= d.deadline:
+                return d.rid
+        return None
+
+    def run_one(self, rid: str) -> tuple[float, bool]:
+        """Run the next tile of ``rid``'s decode: (its seconds, whether that was the last)."""
+        i = next(i for i, d in enumerate(self._pending) if d.rid == rid)
+        d = self._pending[i]
+        seconds = d.units.pop()
+        if d.units:
+            return seconds, False
+        del self._pending[i]
+        return seconds, True

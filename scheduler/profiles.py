@@ -66,7 +66,14 @@ MODEL_NUMBERS = (
     "max_batch",
 )
 OPTIONAL_TOP = ("chunk_overhead_s", "page_bytes")
-OPTIONAL_MODEL = ("blocks", "activation_bytes_per_token", "activation_bytes_per_request")
+OPTIONAL_MODEL = (
+    "blocks",
+    "activation_bytes_per_token",
+    "activation_bytes_per_request",
+    "decode_tile_px",
+    "decode_stride_px",
+    "decode_tile_s",
+)
 STEP_NUMBERS = {
     "flops": ("flops_points", "cfg_passes", "effective_tflops", "step_floor_s", "batching"),
     "table": ("points",),
@@ -113,6 +120,12 @@ def parse_profile(data: dict, origin: str = "<profile>") -> dict:
         for key in OPTIONAL_MODEL:
             if key in section:
                 flat[key] = _sourced(section, key, where)
+        tiling = [k for k in ("decode_tile_px", "decode_stride_px", "decode_tile_s") if k in flat]
+        if tiling and len(tiling) != 3:
+            raise ProfileError(
+                f"{where}: decode_tile_px, decode_stride_px and decode_tile_s go together "
+                f"(got only {', '.join(tiling)})"
+            )
         step = section.get("step")
         kind = step.get("kind") if isinstance(step, dict) else None
         if kind not in STEP_NUMBERS:

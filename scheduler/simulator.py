@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
-from .decode_lane import DECODE_MODES, DecodeLane
+from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
@@ -161,6 +161,8 @@ def simulate(
     steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): at a chunk
     boundary after which a request has arrived the policy decides again and may park the
     part-done step; with no arrival the step continues (the engine only checks its intake).
+    ``decode="tiled"`` runs decodes tile by tile on the loop, a tile instead of the plan
+    whenever the earliest pending decode is due before every member of the planned batch.
     ``decode="concurrent"`` models a decode worker beside the step loop on the same device
     (:mod:`ditmem.scheduler.decode_lane`) that gets ``decode_share`` of the device while
     both have work; a request holds its pages until its decode ends.
@@ -188,6 +190,7 @@ def simulate(
     total, chunks, overhead_total = len(pending), 0, 0.0
     block = preemption == "block"
     lane = DecodeLane(decode_share) if decode == "concurrent" else None
+    tiles = TiledDecodes() if decode == "tiled" else None
     decoding: dict[str, RequestStatus] = {}
 
     def record(s: RequestStatus, at: float) -> None:
@@ -209,6 +212,20 @@ def simulate(
             plan = StepPlan(batch=list(last_batch))
         else:
             plan = policy.schedule(now, eng.view(last_batch))
+        pick = None
+        if tiles is not None and not (block and _running_part_done(eng, last_batch)):
+            pick = tiles.pick(now, _earliest_deadline(eng, plan))
+        if pick is not None:
+            # A due decode runs one tile instead of the plan; the policy decides again after.
+            seconds, last = tiles.run_one(pick)
+            now += seconds
+            busy += seconds
+            if last:
+                record(decoding.pop(pick), now)
+                if progress is not None:
+                    progress(len(records), total)
+            last_batch = ()
+            continue
         if plan.idle and lane is not None and len(lane):
             # Only the decode worker has work: it runs alone until an arrival or until its
             # next decode ends (which frees pages), whichever is first.
@@ -272,7 +289,7 @@ def simulate(
         for s in stepped:
             s.steps_done += 1
             if s.steps_done == s.request.steps:
-                if lane is None:
+                if lane is None and tiles is None:
                     decode += truth.decode_time(s.request)
                 finished.append(s)
         for rid in plan.pause:
@@ -292,12 +309,15 @@ def simulate(
             record(decoding.pop(rid), at)
         for s in finished:
             del eng.active[s.id]
-            if lane is None:
+            if lane is None and tiles is None:
                 record(s, now)
-            else:
-                decoding[s.id] = s
+                continue
+            decoding[s.id] = s
+            if lane is not None:
                 lane.push(s.id, s.request.deadline, truth.decode_time(s.request))
-        if progress is not None and (decoded or (finished and lane is None)):
+            else:
+                tiles.push(s.id, s.request.deadline, truth.decode_tiles(s.request))
+        if progress is not None and (decoded or (finished and lane is None and tiles is None)):
             progress(len(records), total)
         last_batch = tuple(plan.batch)
         policy.observe(
@@ -319,6 +339,17 @@ def simulate(
     return SimResult(
         records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s, overhead_total
     )
+
+
+def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:
+    """The earliest deadline in the plan's batch, members it admits included (None: the
+    plan runs no step)."""
+    deadlines = [
+        eng.active[rid].request.deadline if rid in eng.active else eng.waiting.get(rid).deadline
+        for rid in plan.batch
+        if rid in eng.active or rid in eng.waiting
+    ]
+    return min(deadlines, default=None)
 
 
 def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:

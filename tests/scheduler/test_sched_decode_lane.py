@@ -89,3 +89,38 @@ def test_cli_decode_flag_reaches_the_simulation(tmp_path):
     assert rows["concurrent"]["decode"] == "concurrent"
     # fifo's next request steps while the previous one decodes: a different schedule
     assert rows["concurrent"]["p50_s"] != rows["inline"]["p50_s"]
+
+
+def _tiled_cost():
+    data = table_profile(decode_s_per_mp=1.0)
+    data["models"]["qwen-image"].update(
+        decode_tile_px={"value": 256, "source": "test"},
+        decode_stride_px={"value": 256, "source": "test"},
+        decode_tile_s={"value": 0.5, "source": "test"},
+    )
+    return CostModel.from_dict(data)
+
+
+def test_tile_geometry_and_profile_validation():
+    cost = _tiled_cost()
+    assert cost.decode_tiles(req("x", size=512)) == [0.5] * 4
+    assert cost.decode_tiles(req("y", size=256)) == [pytest.approx(1.0 * 256 * 256 / 1e6)]
+    edge = cost.decode_tiles(req("z", size=384))  # tiles of 256 and 128 px per side
+    assert sorted(edge) == pytest.approx([0.125, 0.25, 0.25, 0.5])
+    data = table_profile()
+    data["models"]["qwen-image"]["decode_tile_px"] = {"value": 256, "source": "test"}
+    with pytest.raises(ValueError, match="go together"):
+        CostModel.from_dict(data)
+
+
+@pytest.mark.parametrize("decode, finish_a, finish_b", [
+    ("inline", 6.0, 12.0),   # b waits for a's whole decode and misses (due 10.7)
+    ("tiled", 12.0, 10.5),   # a's decode yields to b's steps and decode after one tile
+])
+def test_tiled_decode_yields_to_an_earlier_deadline_by_hand(decode, finish_a, finish_b):
+    cost = _tiled_cost()  # 512²: 4 steps of 1 s, decode 4 tiles of 0.5 s
+    a = req("a", 0.0, steps=4, cost=cost)            # due 18
+    b = req("b", 4.2, steps=4, slo_ms=6500, cost=cost)  # due 10.7
+    result = simulate([a, b], make_policy("fifo", cost), decode=decode)
+    finished = {r.request.id: r.finished for r in result.records}
+    assert finished == {"a": pytest.approx(finish_a), "b": pytest.approx(finish_b)}
