@@ -8,12 +8,17 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    left before a deadline — minus the work that future arrivals are expected to slot in
    first (``forecast``, learned online from recent arrivals) — the request with the most
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
-   weighted 3:2:1). So is a request that cannot finish in time even alone. Late requests
+   weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
+   lower-priority request whose remaining work alone covers the overrun, or else for an
+   equal priority-0 request due later (``shield0``). So is a request that cannot finish in
+   time even alone. Late requests
    are never dropped: they run, shortest first, whenever nothing on time is runnable.
 2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
    requests, whose deadlines are far, are deferred while they still have slack, and small
    ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
-   priority-0 work alone would leave less than that fraction of its time spare.
+   priority-0 work alone would leave less than that fraction of its time spare;
+   ``rescue0`` > 0 runs an on-time priority-0 request whose own slack is below that
+   fraction of its remaining work, if everything due before it can wait one of its steps.
    (``beta`` switches to an SRPT-like key ``arrival + beta·remaining·2/weight`` under a
    slack guard; kept for comparison, EDF does better — docs/results/scheduler.md.)
 3. **Batch when it pays.** Requests of the same model join the step while the cost model
@@ -66,8 +71,9 @@ class SloPolicy(Policy):
       left before each deadline (``forecast_by_priority``: count only same-or-higher priority);
     * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
-    * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a cost
-      in total attainment;
+    * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
+    * ``rescue0``, ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0
+      further, at a cost in total attainment;
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
@@ -91,6 +97,8 @@ class SloPolicy(Policy):
         forecast_by_priority: bool = False,
         give_up_power: float = 2.0,
         protect: float = 0.0,
+        shield0: bool = True,
+        rescue0: float = 0.0,
         urgency0: float = 1.0,
         beta: float | None = None,
         headroom: float = 0.0,
@@ -109,6 +117,8 @@ class SloPolicy(Policy):
         self.forecast_by_priority = forecast_by_priority
         self.give_up_power = give_up_power
         self.protect = protect
+        self.shield0 = shield0
+        self.rescue0 = rescue0
         self.urgency0 = urgency0
         self.beta = beta
         self.headroom = headroom
@@ -181,8 +191,10 @@ class SloPolicy(Policy):
         for n, c in enumerate(ontime):
             work += c.rem
             heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
-            while heap and work > self._capacity(c.req.deadline - now, now, c.req.priority):
-                victim = heapq.heappop(heap)[2]
+            while heap and work > (
+                cap := self._capacity(c.req.deadline - now, now, c.req.priority)
+            ):
+                victim = self._give_up(heap, work - cap)
                 victim.late = True
                 work -= victim.rem
         ontime = [c for c in ontime if not c.late]
@@ -195,6 +207,27 @@ class SloPolicy(Policy):
             )
             guard = min(guard, c.slack)
         return ontime
+
+    def _give_up(self, heap: list[tuple[float, int, _Cand]], excess: float) -> _Cand:
+        """Pop the request to set aside: the most remaining work per weight**power. With
+        ``shield0``, a priority-0 pick is swapped, one miss for one miss, for the lower-priority
+        request with the most work per weight whose remaining work alone covers ``excess``;
+        failing that, for an equal priority-0 one due later (the earlier is nearer done)."""
+        victim = heapq.heappop(heap)
+        if not self.shield0 or victim[2].req.priority != 0:
+            return victim[2]
+        swaps = [e for e in heap if e[2].req.priority > 0 and e[2].rem >= excess]
+        if swaps:
+            swap = min(swaps)
+        else:
+            swaps = [e for e in heap if e[0] == victim[0] and e[1] > victim[1]]
+            if not swaps:
+                return victim[2]
+            swap = max(swaps)
+        heap.remove(swap)
+        heap.append(victim)
+        heapq.heapify(heap)
+        return swap[2]
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         cands = self._candidates(view)
@@ -243,6 +276,8 @@ class SloPolicy(Policy):
     def _preference(self, now: float, ontime: list[_Cand], late: list[_Cand]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
         first = self._starving(now, late, ontime)
+        if first is None and self.rescue0 > 0:
+            first = self._rescued(ontime)
         if first is None and self.protect > 0:
             first = self._protected(now, ontime)
         if first is None and ontime and self.beta is not None:
@@ -252,6 +287,14 @@ class SloPolicy(Policy):
             yield first
         yield from ontime
         yield from sorted(late, key=lambda c: (c.rem / c.req.weight, c.req.arrival))
+
+    def _rescued(self, ontime: list[_Cand]) -> _Cand | None:
+        """The first priority-0 request whose own slack is below ``rescue0`` × its remaining
+        work, if every on-time request served before it can wait one of its steps."""
+        for c in ontime:
+            if c.req.priority == 0 and c.slack < self.rescue0 * c.rem:
+                return c if c.guard >= c.tau else None
+        return None
 
     def _protected(self, now: float, ontime: list[_Cand]) -> _Cand | None:
         """The first priority-0 request by deadline once the priority-0 work alone would leave
@@ -296,9 +339,7 @@ class SloPolicy(Policy):
             (
                 c
                 for c in ontime + late
-                if c.req.model == model
-                and c is not head
-                and not is_part_done(c.item)
+                if c.req.model == model and c is not head and not is_part_done(c.item)
             ),
             key=lambda c: (c.late, self._key(c)),
         )
