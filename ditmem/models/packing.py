@@ -189,3 +189,45 @@ def tiled(fn, x: torch.Tensor, tile: int = ROW_TILE) -> torch.Tensor:
         bounds.pop()
     bounds.append(n)
     return torch.cat([fn(x[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+
+
+def batch_to_blocks(
+    x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A dense batch of equal-length segments as a block pool, without index ops.
+
+    x: [B, S, *row] -> (blocks [B * nb, block_size, *row] with nb = ceil(S / block_size),
+    the tail of each segment's last block zero; block_table int32 [B, nb], segment b owns
+    blocks b*nb .. b*nb+nb-1; kv_lens int32 [B], all S). The same blocks, table and lengths
+    as ``PackedLayout.build([S] * B, block_size)`` gives (segments start on block
+    boundaries, in order).
+    """
+    batch, seq = x.shape[0], x.shape[1]
+    nb = max(1, blocks_for(seq, block_size))
+    if nb * block_size != seq:
+        x = torch.cat([x, x.new_zeros(batch, nb * block_size - seq, *x.shape[2:])], 1)
+    blocks = x.reshape(batch * nb, block_size, *x.shape[2:])
+    table = torch.arange(batch * nb, dtype=torch.int32, device=x.device).view(batch, nb)
+    lens = torch.full((batch,), seq, dtype=torch.int32, device=x.device)
+    return blocks, table, lens
+
+
+def rowwise_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear`` applied to each row of ``x [B, in]`` as its own one-row product, in ONE
+    call (a batched matrix product against the weight broadcast over B): row b gets the
+    bits of ``linear(x[b:b+1])`` whatever B is, so per-request conditioning (timestep
+    embedding, modulation) does not depend on which requests share the batch, and a single
+    request computes exactly what the stock model computes. Returns ``[B, out]``."""
+    w = linear.weight.t()
+    w = w.expand(x.shape[0], *w.shape)
+    if linear.bias is None:
+        return torch.bmm(x[:, None], w)[:, 0]
+    return torch.baddbmm(linear.bias.expand(x.shape[0], 1, -1), x[:, None], w)[:, 0]
+
+
+def rowwise(layers, x: torch.Tensor) -> torch.Tensor:
+    """A chain of ``layers`` (``nn.Linear`` and row-wise activations) over ``x [B, in]``,
+    every linear through :func:`rowwise_linear`."""
+    for layer in layers:
+        x = rowwise_linear(layer, x) if isinstance(layer, torch.nn.Linear) else layer(x)
+    return x

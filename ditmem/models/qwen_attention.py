@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ditmem.models.packing import PackedLayout, tiled
+from ditmem.models.packing import PackedLayout, batch_to_blocks, tiled
 from ditmem.ops import paged_attention
 
 
@@ -31,28 +31,21 @@ class PackedJoint:
 
     layout: segments = requests, each ``[its text tokens, its image tokens]``;
     txt_pos / img_pos: int64 [T_txt] / [T_img], row of each text / image token in the
-    joint packed order; joint_from_parts: int64 [T], row of ``cat([txt, img])`` that
-    lands at each joint row; txt_freqs / img_freqs: complex [T_txt, D/2] / [T_img, D/2];
-    kv_blocks: the blocked K/V buffer ``[2, num_blocks, block_size, H, D]``, allocated and
-    zeroed by the first layer and overwritten (same rows, padding stays zero) by the next.
+    joint packed order; txt_slots / img_slots: int64 [T_txt] / [T_img], row of each token in
+    the blocked K/V layout; txt_freqs / img_freqs: complex [T_txt, D/2] / [T_img, D/2];
+    kv_blocks: the blocked K/V buffer ``[2, num_blocks, block_size, H, D]``, allocated by
+    the first layer and overwritten (same rows) by the next; the tail rows of each
+    request's last block are never written nor read (``paged_attention`` reads the first
+    ``kv_lens[b]`` rows only).
+    With one request the joint order is ``[text; image]`` and the blocked rows are its
+    first rows, so slices replace the index ops (same values).
     """
-
-    def to_blocks(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter packed joint K and V ``[T, H, D]`` into the reused blocked buffer."""
-        lay = self.layout
-        buf = self.kv_blocks
-        if buf is None or buf.shape[3:] != k.shape[1:] or buf.dtype != k.dtype:
-            buf = k.new_zeros(2, lay.num_blocks, lay.block_size, *k.shape[1:])
-            self.kv_blocks = buf
-        flat = buf.view(2, lay.padded_total, *k.shape[1:])
-        flat[0].index_copy_(0, lay.slots, k)
-        flat[1].index_copy_(0, lay.slots, v)
-        return buf[0], buf[1]
 
     layout: PackedLayout
     txt_pos: torch.Tensor
     img_pos: torch.Tensor
-    joint_from_parts: torch.Tensor
+    txt_slots: torch.Tensor
+    img_slots: torch.Tensor
     txt_freqs: torch.Tensor
     img_freqs: torch.Tensor
     kv_blocks: torch.Tensor | None = None
@@ -63,17 +56,56 @@ class PackedJoint:
         layout = PackedLayout.build(
             [t + i for t, i in zip(txt_lens, img_lens, strict=True)], block_size, device
         )
-        txt_pos, img_pos, start = [], [], 0
-        for t, i in zip(txt_lens, img_lens, strict=True):
-            txt_pos.append(torch.arange(start, start + t))
-            img_pos.append(torch.arange(start + t, start + t + i))
-            start += t + i
-        txt_pos = torch.cat(txt_pos).to(device)
-        img_pos = torch.cat(img_pos).to(device)
-        joint_from_parts = torch.empty(start, dtype=torch.int64, device=device)
-        joint_from_parts[txt_pos] = torch.arange(len(txt_pos), device=device)
-        joint_from_parts[img_pos] = torch.arange(len(img_pos), device=device) + len(txt_pos)
-        return PackedJoint(layout, txt_pos, img_pos, joint_from_parts, txt_freqs, img_freqs)
+        is_txt = torch.cat([
+            torch.cat([torch.ones(t, dtype=torch.bool), torch.zeros(i, dtype=torch.bool)])
+            for t, i in zip(txt_lens, img_lens, strict=True)
+        ]).to(device)
+        txt_pos, img_pos = is_txt.nonzero()[:, 0], (~is_txt).nonzero()[:, 0]
+        return PackedJoint(
+            layout, txt_pos, img_pos, layout.slots[txt_pos], layout.slots[img_pos],
+            txt_freqs, img_freqs,
+        )
+
+    @property
+    def single(self) -> bool:
+        """One request: joint order ``[text; image]``, blocked rows ``0 .. L-1``."""
+        return len(self.layout.lengths) == 1
+
+    def joint(self, txt: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
+        """Text rows ``[T_txt, ...]`` and image rows ``[T_img, ...]`` -> ``[T, ...]`` in the
+        joint packed order (the query layout of ``paged_attention``)."""
+        if self.single:
+            return torch.cat([txt, img])
+        out = txt.new_empty(self.layout.total, *txt.shape[1:])
+        out.index_copy_(0, self.txt_pos, txt)
+        out.index_copy_(0, self.img_pos, img)
+        return out
+
+    def to_blocks(self, tk, k, tv, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write text / image K and V ``[T_txt | T_img, H, D]`` into the reused blocked
+        buffer; returns its K and V block pools ``[num_blocks, block_size, H, D]``."""
+        lay = self.layout
+        buf = self.kv_blocks
+        if buf is None or buf.shape[3:] != k.shape[1:] or buf.dtype != k.dtype:
+            buf = k.new_empty(2, lay.num_blocks, lay.block_size, *k.shape[1:])
+            self.kv_blocks = buf
+        flat = buf.view(2, lay.padded_total, *k.shape[1:])
+        n_txt = tk.shape[0]
+        for dst, t, i in ((flat[0], tk, k), (flat[1], tv, v)):
+            if self.single:
+                dst[:n_txt].copy_(t)
+                dst[n_txt : n_txt + i.shape[0]].copy_(i)
+            else:
+                dst.index_copy_(0, self.txt_slots, t)
+                dst.index_copy_(0, self.img_slots, i)
+        return buf[0], buf[1]
+
+    def split(self, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Joint-order rows ``[T, ...]`` -> (image rows, text rows)."""
+        if self.single:
+            n_txt = self.txt_pos.shape[0]
+            return o[n_txt:], o[:n_txt]
+        return o.index_select(0, self.img_pos), o.index_select(0, self.txt_pos)
 
 
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -152,20 +184,12 @@ class DitmemQwenAttnProcessor:
         q, k, v, tq, tk, tv = q[:n_img], k[:n_img], v[:n_img], tq[:n_txt], tk[:n_txt], tv[:n_txt]
         q, k = rotate(q, p.img_freqs), rotate(k, p.img_freqs)
         tq, tk = rotate(tq, p.txt_freqs), rotate(tk, p.txt_freqs)
-        single = len(p.layout.lengths) == 1  # joint order is then just [text; image]
-        jq, jk, jv = (
-            torch.cat([t, i]) if single else torch.cat([t, i]).index_select(0, p.joint_from_parts)
-            for t, i in ((tq, q), (tk, k), (tv, v))
-        )
+        k_blocks, v_blocks = p.to_blocks(tk, k, tv, v)
         lay = p.layout
-        k_blocks, v_blocks = p.to_blocks(jk, jv)
         o = paged_attention(
-            jq, k_blocks, v_blocks, lay.cu_seqlens, lay.block_table, lay.kv_lens
+            p.joint(tq, q), k_blocks, v_blocks, lay.cu_seqlens, lay.block_table, lay.kv_lens
         ).flatten(1)
-        if single:
-            img_o, txt_o = o[n_txt:], o[:n_txt]
-        else:
-            img_o, txt_o = o.index_select(0, p.img_pos), o.index_select(0, p.txt_pos)
+        img_o, txt_o = p.split(o)
         return _out(attn, _pad_rows(img_o, img.shape[0]), _pad_rows(txt_o, txt.shape[0]))
 
     def _plain(self, attn, img, txt, mask, rope):
@@ -176,19 +200,18 @@ class DitmemQwenAttnProcessor:
             q, k = rotate(q, img_freqs), rotate(k, img_freqs)
             tq, tk = rotate(tq, txt_freqs), rotate(tk, txt_freqs)
         jq, jk, jv = torch.cat([tq, q], 1), torch.cat([tk, k], 1), torch.cat([tv, v], 1)
-        keep = torch.ones(batch, s_txt + s_img, dtype=torch.bool, device=img.device)
-        if mask is not None:
-            keep[:, :s_txt] = mask.to(torch.bool)
-        kv_lens = keep.sum(1).tolist()
-        lay = PackedLayout.build(kv_lens, self.block_size, img.device)
         s = s_txt + s_img
         cu_q = torch.arange(batch + 1, dtype=torch.int32, device=img.device) * s
+        if mask is None:  # every key is valid: each batch item is one dense segment
+            k_blocks, table, kv_lens = batch_to_blocks(jk, self.block_size)
+            v_blocks = batch_to_blocks(jv, self.block_size)[0]
+        else:  # masked text keys are dropped from the key rows
+            keep = torch.ones(batch, s, dtype=torch.bool, device=img.device)
+            keep[:, :s_txt] = mask.to(torch.bool)
+            lay = PackedLayout.build(keep.sum(1).tolist(), self.block_size, img.device)
+            k_blocks, v_blocks = lay.to_blocks(jk[keep]), lay.to_blocks(jv[keep])
+            table, kv_lens = lay.block_table, lay.kv_lens
         o = paged_attention(
-            jq.reshape(batch * s, *jq.shape[2:]),
-            lay.to_blocks(jk[keep]),
-            lay.to_blocks(jv[keep]),
-            cu_q,
-            lay.block_table,
-            lay.kv_lens,
+            jq.reshape(batch * s, *jq.shape[2:]), k_blocks, v_blocks, cu_q, table, kv_lens
         ).reshape(batch, s, -1)
         return _out(attn, o[:, s_txt:], o[:, :s_txt])

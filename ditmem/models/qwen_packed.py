@@ -4,7 +4,7 @@
 Activations are packed token rows: image tokens ``[T_img, dim]`` and *valid* text tokens
 ``[T_txt, dim]`` of all requests back to back (masked text tokens never influence image
 outputs, so they are dropped). Timestep modulation is computed per request ``[B, 6*dim]``
-and expanded per token through ``img_seg`` / ``txt_seg`` (segment id of every row). RoPE is
+and reaches the rows through ``Segments`` (broadcast or a row gather). RoPE is
 computed per request with the model's own ``pos_embed`` (which supports one image size per
 call) and concatenated. Joint attention goes through ``DitmemQwenAttnProcessor`` with a
 :class:`PackedJoint` layout.
@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from ditmem.models.packing import pad_to_min
+from ditmem.models.packing import pad_to_min, rowwise
 from ditmem.models.processor_patch import ProcessorPatch
 from ditmem.models.qwen_attention import DitmemQwenAttnProcessor, PackedJoint
 from ditmem.models.qwen_blocks import (
     PackedBatch,
-    per_row,
-    per_token,
+    Segments,
     run_block,
-    segment_ids,
 )
 
 UNSUPPORTED_KWARGS = ("guidance", "controlnet_block_samples", "additional_t_cond")
@@ -147,9 +145,13 @@ class QwenAdapter(ProcessorPatch):
             img = pad_to_min(torch.cat([b[0] for b in boundary]))
             txt = pad_to_min(torch.cat([b[1] for b in boundary]))
         timestep = torch.cat(steps).to(img.dtype)
-        temb = per_row(lambda t: m.time_text_embed(t, img), timestep)
+        tt = m.time_text_embed
+        emb = tt.timestep_embedder
+        layers = (emb.linear_1, emb.act, emb.linear_2, emb.post_act)
+        temb = rowwise(
+            [f for f in layers if f is not None], tt.time_proj(timestep).to(img.dtype)
+        )
         device = img.device
-        seg = torch.arange(len(kwargs_list), device=device)
         joint = PackedJoint.build(
             txt_lens, img_lens, torch.cat(txt_f), torch.cat(img_f), self.block_size, device
         )
@@ -157,8 +159,8 @@ class QwenAdapter(ProcessorPatch):
             img=img,
             txt=txt,
             temb=temb,
-            img_seg=segment_ids(seg, img_lens, img.shape[0]),
-            txt_seg=segment_ids(seg, txt_lens, txt.shape[0]),
+            img_rows=Segments.build(img_lens, img.shape[0], device),
+            txt_rows=Segments.build(txt_lens, txt.shape[0], device),
             img_lens=img_lens,
             txt_lens=txt_lens,
             joint=joint,
@@ -188,11 +190,10 @@ class QwenAdapter(ProcessorPatch):
             )
         m = self.model
         norm = m.norm_out
-        emb = per_row(lambda t: norm.linear(norm.silu(t).to(batch.img.dtype)), batch.temb)
-        scale, shift = emb.chunk(2, dim=1)
-        x = norm.norm(batch.img) * (1 + per_token(scale, batch.img_seg)) + per_token(
-            shift, batch.img_seg
-        )
+        emb = rowwise([norm.silu, norm.linear], batch.temb.to(batch.img.dtype))
+        rows = batch.img_rows
+        scale, shift = rows.expand(emb.unflatten(1, (2, -1)).transpose(0, 1))
+        x = (rows.view(norm.norm(batch.img)) * (1 + scale) + shift).view_as(batch.img)
         out = m.proj_out(x)[: sum(batch.img_lens)]
         return [o.unsqueeze(0) for o in torch.split(out, batch.img_lens)]
 

@@ -87,3 +87,34 @@ def test_tiled_linear_is_bit_identical(rows):
     with torch.no_grad():
         assert torch.equal(tiled(fn, x, tile=256), lin(x))
     assert sum(calls) == rows and min(calls) >= MIN_ROWS
+
+
+@pytest.mark.parametrize("shape", [(64, 384), (256, 1536), (32, 64)])
+def test_rowwise_linear_gives_each_row_its_own_bits(shape):
+    """Per-request conditioning: every row equals a one-row call (the stock model's batch-1
+    computation), whatever the batch size — the basis of batch invariance."""
+    from ditmem.models.packing import rowwise, rowwise_linear
+
+    g = torch.Generator().manual_seed(shape[1])
+    lin = torch.nn.Linear(*shape)
+    x = torch.randn(20, shape[0], generator=g) * 3
+    with torch.no_grad():
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(20)])
+        for b in (1, 2, 5, 11, 12, 16, 20):
+            assert torch.equal(rowwise_linear(lin, x[:b]), alone[:b]), b
+        nobias = torch.nn.Linear(*shape, bias=False)
+        assert torch.equal(rowwise_linear(nobias, x[:7]), torch.cat(
+            [nobias(x[i : i + 1]) for i in range(7)]))
+        mod = torch.nn.Sequential(torch.nn.SiLU(), lin)
+        assert torch.equal(rowwise(mod, x[:9]), torch.cat([mod(x[i : i + 1]) for i in range(9)]))
+
+
+@pytest.mark.parametrize("batch,seq,block_size", [(1, 406, 64), (3, 64, 64), (2, 5, 4), (4, 1, 16)])
+def test_batch_to_blocks_matches_layout(batch, seq, block_size):
+    from ditmem.models.packing import batch_to_blocks
+
+    x = torch.randn(batch, seq, 2, 8)
+    blocks, table, lens = batch_to_blocks(x, block_size)
+    lay = PackedLayout.build([seq] * batch, block_size)
+    assert torch.equal(blocks, lay.to_blocks(x.flatten(0, 1)))
+    assert torch.equal(table, lay.block_table) and torch.equal(lens, lay.kv_lens)
