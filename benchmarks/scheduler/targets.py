@@ -22,6 +22,8 @@ POLICIES = ("fifo", "srtf", "slo")
 ABLATIONS = {
     "slo": {},
     "slo-no-shield0": {"shield0": False},
+    "slo-no-alive-first": {"alive_first": False},
+    "slo-v1 (no shield0, no alive-first)": {"shield0": False, "alive_first": False},
     "slo-rescue0=0.25": {"rescue0": 0.25},
     "slo-rescue0=0.5": {"rescue0": 0.5},
     "slo-no-batching": {"batching": False},

@@ -11,8 +11,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
    equal priority-0 request due later (``shield0``). So is a request that cannot finish in
-   time even alone. Late requests
-   are never dropped: they run, shortest first, whenever nothing on time is runnable.
+   time even alone. Late requests are never dropped: they run whenever nothing on time is
+   runnable — first those that could still finish in time alone (``alive_first``), then
+   the shortest per weight.
 2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
    requests, whose deadlines are far, are deferred while they still have slack, and small
    ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
@@ -72,6 +73,7 @@ class SloPolicy(Policy):
     * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
+    * ``alive_first`` — late requests still able to finish in time alone run first (on);
     * ``rescue0``, ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0
       further, at a cost in total attainment;
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
@@ -99,6 +101,7 @@ class SloPolicy(Policy):
         protect: float = 0.0,
         shield0: bool = True,
         rescue0: float = 0.0,
+        alive_first: bool = True,
         urgency0: float = 1.0,
         beta: float | None = None,
         headroom: float = 0.0,
@@ -119,6 +122,7 @@ class SloPolicy(Policy):
         self.protect = protect
         self.shield0 = shield0
         self.rescue0 = rescue0
+        self.alive_first = alive_first
         self.urgency0 = urgency0
         self.beta = beta
         self.headroom = headroom
@@ -286,7 +290,13 @@ class SloPolicy(Policy):
         if first is not None:
             yield first
         yield from ontime
-        yield from sorted(late, key=lambda c: (c.rem / c.req.weight, c.req.arrival))
+        yield from sorted(late, key=lambda c: self._late_key(now, c))
+
+    def _late_key(self, now: float, c: _Cand) -> tuple:
+        """Order of late requests: those that could still finish in time alone first (given
+        up for the forecast or for others, not yet lost), then shortest work per weight."""
+        lost = self.alive_first and now + c.rem > c.req.deadline
+        return (lost, c.rem / c.req.weight, c.req.arrival)
 
     def _rescued(self, ontime: list[_Cand]) -> _Cand | None:
         """The first priority-0 request whose own slack is below ``rescue0`` × its remaining

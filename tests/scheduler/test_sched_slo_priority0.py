@@ -1,7 +1,8 @@
-"""slo's priority-0 rules, hand-computed: the give-up swap (``shield0``) and the targeted
-promotion of an at-risk priority-0 request (``rescue0``). A 512² step costs 1 s."""
+"""slo's priority-0 and late-request rules, hand-computed: the give-up swap (``shield0``),
+the targeted promotion of an at-risk priority-0 request (``rescue0``) and the order of late
+requests (``alive_first``). A 512² step costs 1 s."""
 
-from sched_factories import PAGE, req, table_cost
+from sched_factories import PAGE, HandEngine, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.simulator import simulate
@@ -61,3 +62,19 @@ def test_rescue_promotes_an_at_risk_priority0_only_while_others_can_wait():
     urgent = [req("X", 0.0, steps=2, priority=1, slo_ms=2_500, cost=cost), reqs[1]]
     # X's slack (0.5 s) cannot absorb one of Y's 1 s steps: deadline order stands.
     assert outcome(urgent, cost, rescue0=0.25) == {"X": (2.0, True), "Y": (8.0, True)}
+
+
+def test_late_requests_that_can_still_make_it_alone_run_first():
+    cost = table_cost()
+    eng = HandEngine(cost)
+    # Four 1 s requests with 3 s windows arrived at 5-6.5 s: at 10 s they are lost (due by
+    # 9.5 s). They also teach the forecast a rate: 4 s of work per 5 s span due within 3 s
+    # of arriving, i.e. 1.6 s expected to slot in ahead of a deadline 5 s away.
+    for i, t in enumerate((5.0, 5.5, 6.0, 6.5)):
+        eng.arrive(req(f"F{i}", t, steps=1, slo_ms=3_000, cost=cost))
+    # L needs 4 s by 15 s: feasible alone, but not with 1.6 s forecast ahead of it (late).
+    eng.arrive(req("L", 10.0, steps=4, slo_ms=5_000, cost=cost))
+    alive = make_policy("slo", cost).schedule(10.0, eng.view())
+    shortest = make_policy("slo", cost, alive_first=False).schedule(10.0, eng.view())
+    assert alive.batch == ["L"]
+    assert shortest.batch == ["F0"]
