@@ -137,6 +137,10 @@ class TiledDecodes:
                 return d.rid
         return None
 
+    def remove(self, rid: str) -> None:
+        """Forget the decode of ``rid`` (cancelled or failed); unknown ids are ignored."""
+        self._pending = [d for d in self._pending if d.rid != rid]
+
     def run_one(self, rid: str) -> tuple[float, bool]:
         """Run the next tile of ``rid``'s decode: (its seconds, whether that was the last)."""
         i = next(i for i, d in enumerate(self._pending) if d.rid == rid)

@@ -15,6 +15,7 @@ from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import GenerationResult, RequestCancelled, RequestFailed
 from ditmem.engine.stages import Stages, state_pages
 from ditmem.engine.stats import EngineStats
+from ditmem.engine.tiled_decodes import TileRunner
 from ditmem.memory import OffloadEngine
 from ditmem.scheduler import (
     Location,
@@ -32,7 +33,8 @@ class PlanExecutor:
     def __init__(self, engine, offload_mode: str):
         self.engine = engine
         self.offloader = OffloadEngine(engine.pool, engine.host, mode=offload_mode)
-        self.stages = Stages(engine.gen, engine.pool, self.offloader, engine.clock)
+        self.stages = Stages(engine.gen, engine.pool, self.offloader, engine.clock,
+                             engine.decode_tile)
         self.blocks = (BlockSteps(engine.gen, self.offloader, engine.clock)
                        if engine.preemption == "block" else None)
         self.waiting = WaitingQueue()
@@ -47,9 +49,11 @@ class PlanExecutor:
         self.decoder = DecodeWorkers(workers) if workers else None
         self.decoding: dict[str, Job] = {}
         self.decoded: queue.SimpleQueue = queue.SimpleQueue()
+        self.tiles = (TileRunner(engine.gen, engine.cost, engine.clock, *engine.decode_tile)
+                      if engine.decode == "tiled" else None)
 
     def has_work(self) -> bool:
-        return bool(self.jobs or self.active or self.decoding)
+        return bool(self.jobs or self.active or self.decoding or self.tiles)
 
     # ------------------------------------------------------------------ intake
     def take_intake(self) -> None:
@@ -68,6 +72,8 @@ class PlanExecutor:
                 self.decoding[job_id].cancel_reason = reason
                 continue
             job = self.jobs.get(job_id) or self.active.get(job_id)
+            if job is None and self.tiles is not None:
+                job = self.tiles.forget(job_id)
             if job is not None:
                 self.finish(job, error=RequestCancelled(f"{job_id}: {reason}"))
 
@@ -91,6 +97,8 @@ class PlanExecutor:
         plan = self.engine.policy.schedule(t0, self.view())
         self.stats.schedule_s += self.engine.clock() - t0
         self.stats.iterations += 1
+        if self.tiles is not None and self._run_due_tile(plan):
+            return True
         if plan.idle:
             self.publish()
             return False
@@ -197,7 +205,9 @@ class PlanExecutor:
         report.blocks = self._blocks_run
         self.engine._notify_step(seconds, len(stepped))
         for job in stepped:
-            if self.stages.is_done(job) and self.decoder is not None:
+            if self.stages.is_done(job) and self.tiles is not None:
+                self._decode_tiled(job, report)
+            elif self.stages.is_done(job) and self.decoder is not None:
                 self._decode_async(job, report)
             elif self.stages.is_done(job):
                 try:
@@ -208,6 +218,33 @@ class PlanExecutor:
                 report.decode_s += job.timing.decode_s
                 report.finished.append(job.id)
                 self.finish(job, output=output)
+
+    def _decode_tiled(self, job: Job, report: StepReport) -> None:
+        """Queue a finished job's decode as tiles; it keeps its pages until delivered."""
+        del self.active[job.id]
+        report.finished.append(job.id)
+        try:
+            self.tiles.start(job)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+
+    def _run_due_tile(self, plan) -> bool:
+        """Run one decode tile instead of ``plan`` when a decode is due first."""
+        if self.blocks is not None and self.last_batch:
+            return False  # a part-done chunked step finishes before any tile
+        deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
+                     if i in self.active or i in self.jobs]
+        job_id = self.tiles.pick(self.engine.clock(), min(deadlines, default=None))
+        if job_id is None:
+            return False
+        job, output, error = self.tiles.run(job_id)
+        if error is not None:
+            self.finish(job, error=RequestFailed(f"{job_id}: decode failed: {error!r}"))
+        elif output is not None:
+            self.finish(job, output=output)
+        self.last_batch = ()
+        self.publish()
+        return True
 
     def _decode_async(self, job: Job, report: StepReport) -> None:
         """Hand a finished job to the decode thread; it keeps its pages until delivered."""

@@ -26,6 +26,25 @@ from ditmem.engine.timing import Timing
 from ditmem.models.request import GenerationRequest
 from ditmem.scheduler import Request
 
+#: (tile, stride) pixels of a tiled decode when none is given.
+DEFAULT_DECODE_TILE = (256, 224)
+
+
+def check_decode(generator, decode: str, decode_workers: int, decode_tile) -> None:
+    """ValueError for a decode setup the engine cannot run (names the setting)."""
+    from ditmem.models.tiled_decode import supports_tiled_decode
+
+    if decode not in ("inline", "tiled"):
+        raise ValueError(f"decode: 'inline' or 'tiled', got {decode!r}")
+    if decode_workers not in (0, 1):
+        raise ValueError(f"decode_workers: 0 or 1, got {decode_workers} (the VAE keeps its "
+                         "decode cache on the model object: two decodes at once would share it)")
+    if decode == "tiled" and decode_workers:
+        raise ValueError("decode 'tiled' runs tiles on the step loop: use decode_workers 0")
+    if decode_tile is not None and not supports_tiled_decode(generator):
+        raise ValueError(f"decode tiles: {type(generator).__name__} has no tiled decode "
+                         "(supported: tiny-qwen-image and Qwen-Image weights)")
+
 
 class Engine:
     """Serves one generator with one policy.
@@ -40,15 +59,23 @@ class Engine:
     n > 0 decodes on n worker threads while the step loop goes on (the request keeps its
     pages until its output is delivered); ``preemption``: "step" (requests pause between
     steps) or "block" (steps run in chunks of blocks and may pause between them:
-    :mod:`ditmem.engine.block_steps`).
+    :mod:`ditmem.engine.block_steps`); ``decode_tile``: (tile, stride) pixels to decode
+    images in VAE tiles (the stock VAE's tiled decode; None: whole, as the stock pipeline
+    by default); ``decode``: "inline" (the decode runs right after the last step) or
+    "tiled" (one tile at a time on the loop, instead of a step when the decode is due
+    first: :mod:`ditmem.engine.tiled_decodes`; ``decode_tile`` defaults to 256, 224).
     """
 
     def __init__(self, generator, policy, cost, pool, host, *, model: str = "qwen-image",
                  max_active: int = 64, max_queued: int = 256, clock=time.perf_counter,
                  offload_mode: str = "auto", idle_wait_s: float = 0.05,
-                 slo_scale: float = 3.0, decode_workers: int = 0, preemption: str = "step"):
+                 slo_scale: float = 3.0, decode_workers: int = 0, preemption: str = "step",
+                 decode: str = "inline", decode_tile: tuple[int, int] | None = None):
         if preemption not in ("step", "block"):
             raise ValueError(f"preemption: 'step' or 'block', got {preemption!r}")
+        if decode == "tiled" and decode_tile is None:
+            decode_tile = DEFAULT_DECODE_TILE
+        check_decode(generator, decode, decode_workers, decode_tile)
         self.preemption = preemption
         self.gen, self.policy, self.cost = generator, policy, cost
         self._exact = cost if hasattr(cost, "register") else None
@@ -58,6 +85,8 @@ class Engine:
         self.idle_wait_s = idle_wait_s
         self.slo_scale = slo_scale
         self.decode_workers = decode_workers
+        self.decode = decode
+        self.decode_tile = tuple(decode_tile) if decode_tile is not None else None
         self.intake = Intake()
         self.executor = PlanExecutor(self, offload_mode)
         self._listeners: list = []

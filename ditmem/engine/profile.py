@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--frames", type=int, default=1, help="frames per request (video models)")
+    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
+                   help="tiled decode geometry in pixels to time (models with a tiled "
+                        "decode; 'none' to skip): writes decode_tile_px/stride_px/tile_s")
     add_threads_argument(p)
 
 
@@ -125,15 +128,19 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
     src = f"measured by `{tool} --model {model}` on this machine, {when}"
     n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
     sides = sorted(m["decode_s"])
+    tiling = m.get("decode_tile")
+    if tiling is not None and len([s for s in sides if s <= tiling[0]]) >= 2:
+        sides = [s for s in sides if s <= tiling[0]]  # larger images decode as tiles
     mpix = [s * s * m["frames"] / 1e6 for s in sides]
     fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
     from ditmem.scheduler.models import tokens_for
 
-    tokens = [tokens_for(m["key"], s, s, m["frames"]) for s in sides]
-    per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in sides])
+    state_sides = sorted(m["state_bytes"])
+    tokens = [tokens_for(m["key"], s, s, m["frames"]) for s in state_sides]
+    per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in state_sides])
     workspace = 64 * 2**20
     pool = int(pool_mb * 2**20)
-    return {
+    profile = {
         "format": 1, "name": name,
         "description": f"{model} measured on this machine by `{tool}` ({when}).",
         "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
@@ -153,12 +160,21 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
             "step": {"kind": "table", "points": n(m["steps"], "median of --repeats steps")},
         }},
     }
+    if tiling is not None:
+        tile, stride, tile_s = tiling
+        section = profile["models"][m["key"]]
+        section["decode_tile_px"] = n(tile, "tiled decode (Engine decode='tiled')")
+        section["decode_stride_px"] = n(stride, "tiled decode stride")
+        section["decode_tile_s"] = n(tile_s, f"median decode of one {tile}x{tile} tile")
+    return profile
 
 
 def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str = "cpu-tiny",
                     pool_mb: float = 64.0, max_batch: int = 4, page_kb: int = 64,
-                    tool: str = "ditmem profile", log=print, frames: int = 1) -> dict:
-    """Measure ``gen`` and return the profile dict (see :func:`build_profile`)."""
+                    tool: str = "ditmem profile", log=print, frames: int = 1,
+                    decode_tile: tuple[int, int] | None = (256, 224)) -> dict:
+    """Measure ``gen`` and return the profile dict (see :func:`build_profile`);
+    ``decode_tile`` (tile, stride) px: also time one decode tile when ``gen`` can tile."""
     from ditmem.memory import PagePool
 
     pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
@@ -166,11 +182,33 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
 
     m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
                 frames=frames)
+    from ditmem.models.tiled_decode import supports_tiled_decode
+
+    if decode_tile is not None and supports_tiled_decode(gen):
+        tile, stride = decode_tile
+        if tile not in m["decode_s"]:
+            m["decode_s"][tile] = measure(gen, [tile], [1], repeats, pool, log=log,
+                                          key=m["key"], frames=frames)["decode_s"][tile]
+        m["decode_tile"] = (tile, stride, m["decode_s"][tile])
     weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
                   if hasattr(c, "parameters") for p in c.parameters())
     return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
                          weights_bytes=weights, link=host_link_rate(), tool=tool,
                          page_kb=page_kb)
+
+
+def _tile_arg(text: str) -> tuple[int, int] | None:
+    """``"256,224"`` -> (256, 224); ``"none"`` -> None. ValueError names the flag."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        tile, stride = (int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--decode-tile: expected TILE,STRIDE pixels, got {text!r}") from None
+    if tile % 16 or stride % 16 or not 0 < stride <= tile:
+        raise ValueError(f"--decode-tile: TILE and STRIDE must be multiples of 16 with "
+                         f"0 < STRIDE <= TILE, got {text!r}")
+    return tile, stride
 
 
 def main(args) -> int:
@@ -183,7 +221,8 @@ def main(args) -> int:
     print(f"profiling {args.model}: sides {sides}, batches {batches}")
     profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
                               pool_mb=args.pool_mb, max_batch=args.max_batch,
-                              page_kb=args.page_kb, frames=args.frames)
+                              page_kb=args.page_kb, frames=args.frames,
+                              decode_tile=_tile_arg(args.decode_tile))
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

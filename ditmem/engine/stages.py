@@ -12,6 +12,7 @@ import numpy as np
 from ditmem.engine.jobs import Job
 from ditmem.engine.tracing import stage_range
 from ditmem.memory import OffloadEngine, PagePool
+from ditmem.models.tiled_decode import decode_job
 
 
 def state_pages(state) -> int:
@@ -23,10 +24,13 @@ class Stages:
     """Executes stages for jobs on one generator, device pool and offload engine.
 
     ``clock`` returns seconds (float); all durations recorded are differences of it.
+    ``decode_tile``: (tile, stride) pixels to decode in VAE tiles, or None (whole).
     """
 
-    def __init__(self, generator, pool: PagePool, offloader: OffloadEngine, clock):
+    def __init__(self, generator, pool: PagePool, offloader: OffloadEngine, clock,
+                 decode_tile: tuple[int, int] | None = None):
         self.gen = generator
+        self.decode_tile = decode_tile
         self.pool = pool
         self.offloader = offloader
         self.clock = clock
@@ -65,7 +69,13 @@ class Stages:
         """VAE-decode a finished job: uint8 ``[H, W, 3]`` or ``[F, H, W, 3]``."""
         t0 = self.clock()
         with stage_range("decode", job.id):
-            out = self.gen.decode(job.state)
+            if self.decode_tile is None:
+                out = self.gen.decode(job.state)
+            else:  # the same tiles a tiled decode runs, back to back
+                work = decode_job(self.gen, job.state, *self.decode_tile)
+                while not work.done:
+                    work.run_one()
+                out = work.output()
         dt = self.clock() - t0
         job.timing.decode_s += dt
         job.timing.running_s += dt

@@ -1,0 +1,75 @@
+"""Decodes that run tile by tile on the step loop (``Engine(decode="tiled")``).
+
+A request whose last step is done gets a tiled decode job (``ditmem.models.tiled_decode``)
+and keeps its pages until the job is done. Before each iteration's plan the executor asks
+:meth:`TileRunner.pick` whether a decode tile should run instead: the same rule the
+simulator uses (``ditmem.scheduler.decode_lane.TiledDecodes``), with each tile estimated
+as an equal share of the cost model's decode time.
+"""
+
+from __future__ import annotations
+
+from ditmem.engine.jobs import Job
+from ditmem.engine.tracing import stage_range
+from ditmem.models.tiled_decode import decode_job
+from ditmem.scheduler.decode_lane import TiledDecodes
+
+
+class TileRunner:
+    """The pending tiled decodes of one engine."""
+
+    def __init__(self, gen, cost, clock, tile_px: int, stride_px: int):
+        self.gen, self.cost, self.clock = gen, cost, clock
+        self.tile_px, self.stride_px = tile_px, stride_px
+        self._order = TiledDecodes()
+        self._jobs: dict[str, tuple[Job, object]] = {}
+        self.tiles_run = 0
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def start(self, job: Job) -> None:
+        """Queue the decode of ``job`` (its last step is done). Raises what the model's
+        decode job raises (the caller fails that request)."""
+        work = decode_job(self.gen, job.state, self.tile_px, self.stride_px)
+        share = self.cost.decode_time(job.sched) / work.units
+        self._order.push(job.id, job.sched.deadline, [share] * work.units)
+        self._jobs[job.id] = (job, work)
+
+    def pick(self, now: float, deadline: float | None) -> str | None:
+        """The request whose next tile runs instead of a step due at ``deadline`` (None:
+        no step planned), or None."""
+        return self._order.pick(now, deadline)
+
+    def run(self, job_id: str):
+        """Decode the next tile of ``job_id``: ``(job, output, error)``; output is None until
+        the last tile is done; on an error the decode is forgotten (the caller fails it)."""
+        job, work = self._jobs[job_id]
+        t0 = self.clock()
+        try:
+            with stage_range("decode", job.id):
+                work.run_one()
+                output = work.output() if work.done else None
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
+            self.forget(job_id)
+            return job, None, exc
+        finally:
+            dt = self.clock() - t0
+            job.timing.decode_s += dt
+            job.timing.running_s += dt
+            self.tiles_run += 1
+        self._order.run_one(job_id)
+        if output is not None:
+            del self._jobs[job_id]
+        return job, output, None
+
+    def forget(self, job_id: str) -> Job | None:
+        """Drop a pending decode (cancelled or failed); returns its job."""
+        entry = self._jobs.pop(job_id, None)
+        if entry is None:
+            return None
+        self._order.remove(job_id)
+        return entry[0]
