@@ -75,7 +75,7 @@ def min_misses(
 ) -> int:
     """A lower bound on the number of requests that miss their deadline under any policy.
 
-    ``horizon`` caps window length (s); default 4× the longest SLO window. ``work`` and
+    ``horizon`` caps window length (s); default 16× the longest SLO window. ``work`` and
     ``windows`` choose the per-request work and the per-window rule (module docstring).
     """
     if windows not in WINDOW_RULES:
@@ -85,7 +85,7 @@ def min_misses(
     cost_of = trace_work(requests, cost, work)
     jobs = sorted(((r.arrival, r.deadline, cost_of(r)) for r in requests), key=lambda j: j[0])
     if horizon is None:
-        horizon = 4 * max(d - a for a, d, _ in jobs)
+        horizon = 16 * max(d - a for a, d, _ in jobs)
     count = _moore_hodgson if windows == "moore-hodgson" else _single_deadline
     found = _windows(jobs, horizon, count)
     if windows == "moore-hodgson":
@@ -156,26 +156,39 @@ def _best_disjoint(windows: list[tuple[float, float, int]]) -> int:
     return best[-1]
 
 
-def clairvoyant_misses(requests: Sequence[Request], cost: CostModel) -> int:
-    """Misses of an offline schedule that knows every arrival in advance (a reference point
-    between the online policies and ``min_misses``; not optimal).
+def clairvoyant_misses(
+    requests: Sequence[Request], cost: CostModel, work: str = "standalone"
+) -> int:
+    """Misses of an offline schedule that knows every arrival in advance (not optimal in
+    general; a reference point between the online policies and ``min_misses``).
 
-    Preemptive earliest-deadline-first on one device over standalone (batch-1) times; when a
-    request would miss, the largest-work request of that busy period due no later than it is
-    set aside (it runs in leftover time and counts as a miss), and the schedule is redone.
+    Preemptive earliest-deadline-first on one device over each request's ``work``:
+    ``"standalone"`` (batch-1 time: a schedule the device could run, up to preemption inside
+    a step) or ``"profile"``/``"flops"`` (``min_work``: the relaxation ``min_misses``
+    bounds, so equal counts prove the bound exact for it). When a request would miss, the
+    largest-work request of that busy period due no later than it is set aside (it runs in
+    leftover time and counts as a miss) and the schedule is redone; at the end each
+    set-aside request, smallest first, is taken back if the schedule stays feasible.
     """
+    work_of = _standalone if work == "standalone" else trace_work(requests, cost, work)
     jobs = sorted(
-        ((r.arrival, r.deadline, r.standalone_s, i) for i, r in enumerate(requests)),
+        ((r.arrival, r.deadline, work_of(r), i) for i, r in enumerate(requests)),
         key=lambda j: (j[0], j[1]),
     )
     removed: set[int] = set()
-    while True:
-        miss = _edf_first_miss([j for j in jobs if j[3] not in removed])
-        if miss is None:
-            return len(removed)
+    while (miss := _edf_first_miss([j for j in jobs if j[3] not in removed])) is not None:
         busy_start, due = miss
         pool = [j for j in jobs if j[3] not in removed and j[0] >= busy_start and j[1] <= due]
         removed.add(max(pool, key=lambda j: (j[2], j[0]))[3])
+    for j in sorted((j for j in jobs if j[3] in removed), key=lambda j: j[2]):
+        removed.discard(j[3])
+        if _edf_first_miss([k for k in jobs if k[3] not in removed]) is not None:
+            removed.add(j[3])
+    return len(removed)
+
+
+def _standalone(request: Request) -> float:
+    return request.standalone_s
 
 
 def _edf_first_miss(jobs: list[tuple[float, float, float, int]]) -> tuple[float, float] | None:

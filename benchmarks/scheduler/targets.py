@@ -23,7 +23,7 @@ ABLATIONS = {
     "slo": {},
     "slo-no-shield0": {"shield0": False},
     "slo-no-alive-first": {"alive_first": False},
-    "slo-v1 (no shield0, no alive-first)": {"shield0": False, "alive_first": False},
+    "slo-v1-rules": {"shield0": False, "alive_first": False},
     "slo-rescue0=0.25": {"rescue0": 0.25},
     "slo-rescue0=0.5": {"rescue0": 0.5},
     "slo-no-batching": {"batching": False},
@@ -56,18 +56,22 @@ HEAD = (
 def bound_row(sc: Scenario, load: float) -> dict:
     """Offline bounds on the scenario's traces at ``load``: the profile bound (default), the
     FLOPs (device-physics) bound, the first version's rule, priority 0 alone, clairvoyant."""
-    total = p0_total = clair = 0
+    total = p0_total = clair = clair_relaxed = 0
     lower = dict.fromkeys(("profile", "flops", "flops-single", "p0"), 0)
     for seed in sc.seeds:
         reqs = sc.requests_for(load, seed)
         total += len(reqs)
         lower["profile"] += min_misses(reqs, sc.cost)
         lower["flops"] += min_misses(reqs, sc.cost, work="flops")
-        lower["flops-single"] += min_misses(reqs, sc.cost, work="flops", windows="single")
+        v1_horizon = 4 * max(r.deadline - r.arrival for r in reqs)  # the first version's
+        lower["flops-single"] += min_misses(
+            reqs, sc.cost, v1_horizon, work="flops", windows="single"
+        )
         p0 = [r for r in reqs if r.priority == 0]
         p0_total += len(p0)
         lower["p0"] += min_misses(p0, sc.cost) if p0 else 0
         clair += clairvoyant_misses(reqs, sc.cost)
+        clair_relaxed += clairvoyant_misses(reqs, sc.cost, "profile")
     return {
         "workload": sc.name(),
         "device": sc.cost.name,
@@ -79,6 +83,7 @@ def bound_row(sc: Scenario, load: float) -> dict:
         "bound_v1_max_attainment": 1 - lower["flops-single"] / total,
         "bound_p0_max_attainment": 1 - lower["p0"] / p0_total if p0_total else None,
         "clairvoyant_attainment": 1 - clair / total,
+        "clairvoyant_relaxed_attainment": 1 - clair_relaxed / total,
     }
 
 
@@ -108,7 +113,8 @@ def say_bound(b: dict) -> None:
         f"   bound <= {100 * b['bound_max_attainment']:.2f} % (profile), "
         f"{100 * b['bound_flops_max_attainment']:.2f} % (FLOPs), "
         f"{100 * b['bound_v1_max_attainment']:.2f} % (v1); clairvoyant "
-        f"{100 * b['clairvoyant_attainment']:.2f} %",
+        f"{100 * b['clairvoyant_attainment']:.2f} % (standalone times), "
+        f"{100 * b['clairvoyant_relaxed_attainment']:.2f} % (profile works: the relaxation)",
         flush=True,
     )
 
