@@ -20,13 +20,15 @@ video) in three stages the engine can schedule separately:
 be decided before any allocation. ``reference(request)`` runs the stock diffusers
 pipeline's own ``__call__`` for the same inputs and seed: the equivalence oracle.
 
-Optional, for preemption inside a step (Qwen-Image has it): ``num_blocks`` (transformer
-blocks per step), ``block(state)`` (next block of the current step, 0 between steps),
-``step_blocks(states, stop) -> bool`` (run blocks ``block .. stop-1`` for states all at the
-same block; the block-boundary activations go into the states' pages; ``False`` and nothing
-changed when a pool has no room for them) and ``boundary_pages(request, page_bytes)``
-(extra pages held while paused inside a step). ``step(states)`` finishes a step from
-wherever the states are.
+Optional, for preemption inside a step (Qwen-Image and Wan have it): ``num_blocks``
+(transformer blocks per step), ``block(state)`` (next block of the current step, 0 between
+steps), ``step_blocks(states, stop) -> bool`` (run blocks ``block .. stop-1`` for states all
+at the same block; the block-boundary activations go into the states' pages; ``False`` and
+nothing changed when a pool has no room for them), the same split in three for a step kept
+open between chunks (``open_step(states) -> OpenStep``, ``advance(step, stop) -> bool``,
+``save_boundary(step)``: see :mod:`ditmem.models.open_step`) and
+``boundary_pages(request, page_bytes)`` (extra pages held while paused inside a step).
+``step(states)`` finishes a step from wherever the states are.
 
 A full ``encode -> step* -> decode`` run equals ``reference`` (see each model module for
 the documented tolerance), and offloading a state to host between steps and restoring it
@@ -116,27 +118,25 @@ def check_step_states(states: list[RequestState], is_done: Callable[[RequestStat
                              "it to the device first")
 
 
-def check_block_range(states: list[RequestState], stop: int, num_blocks: int) -> int:
-    """The block all ``states`` are at (``start``); ValueError when they differ or
-    ``stop`` is not in ``(start, num_blocks]``."""
+def common_block(states: list[RequestState], num_blocks: int) -> int:
+    """The block all ``states`` are at; ValueError when they differ (or it is not inside
+    ``[0, num_blocks)``)."""
     start = states[0].scalars["block"]
     if any(s.scalars["block"] != start for s in states):
         blocks = [s.scalars["block"] for s in states]
         raise ValueError(f"step_blocks: states are at different blocks {blocks}")
-    if not start < stop <= num_blocks:
-        raise ValueError(f"step_blocks: stop={stop} not in ({start}, {num_blocks}]")
+    if not 0 <= start < num_blocks:
+        raise ValueError(f"step_blocks: block {start} is not in [0, {num_blocks})")
     return start
 
 
-def room_for_boundaries(states: list[RequestState],
-                        new_pages: Callable[[RequestState], int]) -> bool:
-    """Whether every pool the states use has free pages for all of their new
-    block-boundary pages (``new_pages(state)`` each), counted per pool."""
-    need: dict[int, int] = {}
-    pools = {id(s.pool): s.pool for s in states}
-    for s in states:
-        need[id(s.pool)] = need.get(id(s.pool), 0) + new_pages(s)
-    return all(n <= pools[k].num_free_pages for k, n in need.items())
+def check_block_range(states: list[RequestState], stop: int, num_blocks: int) -> int:
+    """The block all ``states`` are at (``start``); ValueError when they differ or
+    ``stop`` is not in ``(start, num_blocks]``."""
+    start = common_block(states, num_blocks)
+    if not start < stop <= num_blocks:
+        raise ValueError(f"step_blocks: stop={stop} not in ({start}, {num_blocks}]")
+    return start
 
 
 def check_finished(state: RequestState, progress: tuple[int, int]) -> None:

@@ -33,8 +33,9 @@ from ditmem.models.generator import (
     check_block_range,
     check_finished,
     check_step_states,
-    room_for_boundaries,
+    common_block,
 )
+from ditmem.models.open_step import OpenStep, mark_boundary, reserve_boundaries
 from ditmem.models.processor_patch import original_processors
 from ditmem.models.qwen import patch
 from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
@@ -172,44 +173,81 @@ class QwenGenerator:
         States paused inside a step (all at the same block) finish that step."""
         self.step_blocks(states, self.num_blocks)
 
-    @torch.no_grad()
     def step_blocks(self, states: list[RequestState], stop: int) -> bool:
         """Run transformer blocks ``block .. stop-1`` of the current step for all states
         (which must all be at the same ``block``) in one packed pass. ``stop ==
         num_blocks`` finishes the step (solver update, boundary pages freed); otherwise the
         boundary activations are saved into the states' pages. Returns ``False`` with
-        nothing changed when a pool has no room for them."""
-        check_step_states(states, self.is_done)
-        start = check_block_range(states, stop, self.num_blocks)
-        if stop < self.num_blocks and not room_for_boundaries(states, self._new_boundary_pages):
+        nothing changed when a pool has no room for them.
+        (:class:`~ditmem.models.chunked.ChunkRunner` keeps the step open between chunks
+        instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
+        step = self.open_step(states)
+        if not self.advance(step, stop):
             return False
+        if not step.finished:
+            self.save_boundary(step)
+        return True
+
+    @torch.no_grad()
+    def open_step(self, states: list[RequestState]) -> OpenStep:
+        """Embed the states' current step into one packed batch at the block they are at:
+        the inputs at block 0, the boundary rows from their pages otherwise. No block
+        runs."""
+        check_step_states(states, self.is_done)
+        start = common_block(states, self.num_blocks)
         latents = [s.get("latents") for s in states]
         kwargs, owners = [], []
         for s, lat in zip(states, latents, strict=True):
             for branch in qs.branches(s):
                 kwargs.append(qs.forward_kwargs(s, lat, branch))
                 owners.append((s, branch))
-        boundary = None if start == 0 else [qs.load_boundary(s, b) for s, b in owners]
+        dim = self.adapter.model.inner_dim
+        boundary = None if start == 0 else [qs.load_boundary(s, b, dim) for s, b in owners]
         batch = self.adapter.prepare(kwargs, boundary, start)
-        self.adapter.run_blocks(batch, start, stop)
+        return OpenStep(list(states), start, latents, [(self.adapter, owners, batch)])
+
+    @torch.no_grad()
+    def advance(self, step: OpenStep, stop: int) -> bool:
+        """Run blocks ``step.block .. stop-1`` of an open step. Stopping inside the step
+        reserves the states' boundary pages (``False``, nothing changed, when a pool has no
+        room) but writes nothing; ``stop == num_blocks`` finishes the step (solver update,
+        boundary pages freed)."""
+        check_step_states(step.states, self.is_done)
+        if check_block_range(step.states, stop, self.num_blocks) != step.block:
+            raise ValueError(f"advance: states are not at the open step's block {step.block}")
+        if stop < self.num_blocks and not reserve_boundaries(
+                step.states, self._boundary_shapes, self.dtype):
+            return False
+        ((adapter, owners, batch),) = step.groups
+        adapter.run_blocks(batch, step.block, stop)
+        step.block = stop
         if stop < self.num_blocks:
-            for (s, branch), (img, txt) in zip(owners, batch.boundary(), strict=True):
-                qs.save_boundary(s, branch, img, txt)
-            for s in states:
+            for s in step.states:
                 s.scalars["block"] = stop
+            mark_boundary(step.states, False)
             return True
-        preds = {id(s): [] for s in states}
-        for (s, _), out in zip(owners, self.adapter.finish(batch), strict=True):
+        preds = {id(s): [] for s in step.states}
+        for (s, _), out in zip(owners, adapter.finish(batch), strict=True):
             preds[id(s)].append(out)
-        for s, lat in zip(states, latents, strict=True):
+        for s, lat in zip(step.states, step.latents, strict=True):
             qs.drop_boundary(s)
             s.put("latents", qs.solver_update(s, lat, preds[id(s)]))
             s.scalars["step"] += 1
             s.scalars["block"] = 0
+        step.finished = True
         return True
 
-    def _new_boundary_pages(self, state: RequestState) -> int:
-        return qs.new_boundary_pages(state, self.adapter.model.inner_dim, self.dtype)
+    def save_boundary(self, step: OpenStep) -> None:
+        """Write an open step's boundary rows into the states' reserved pages (a park);
+        states freed meanwhile are skipped."""
+        ((_, owners, batch),) = step.groups
+        for (s, branch), (img, txt) in zip(owners, batch.boundary(), strict=True):
+            if qs.boundary_names(branch)[0] in s:
+                qs.save_boundary(s, branch, img, txt)
+        mark_boundary([s for s in step.states if s.scalars], True)
+
+    def _boundary_shapes(self, state: RequestState) -> dict[str, tuple[int, int]]:
+        return qs.boundary_shapes(state, self.adapter.model.inner_dim)
 
     def is_done(self, state: RequestState) -> bool:
         return state.scalars["step"] >= len(state.scalars["timesteps"])

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ditmem.memory import RequestState, pages_for
+from ditmem.memory import RequestState
+from ditmem.models.open_step import CURRENT, read_boundary, write_boundary
 
 BRANCHES = ("cond", "uncond")
 
@@ -56,27 +57,17 @@ def boundary_shapes(state: RequestState, dim: int) -> dict[str, tuple[int, int]]
     return shapes
 
 
-def new_boundary_pages(state: RequestState, dim: int, dtype: torch.dtype) -> int:
-    """Pages saving the boundary would newly allocate (0 when already saved once)."""
-    page_bytes = state.pool.page_bytes
-    return sum(
-        pages_for(rows * cols, (), dtype, page_bytes)
-        for name, (rows, cols) in boundary_shapes(state, dim).items()
-        if name not in state
-    )
-
-
 def save_boundary(state: RequestState, branch: str, img: torch.Tensor, txt: torch.Tensor):
-    """Store one branch's boundary rows; raises RuntimeError if the pool is out of room
-    (callers check :func:`new_boundary_pages` first)."""
+    """Write one branch's boundary rows into its reserved pages
+    (:func:`ditmem.models.open_step.reserve_boundaries` first)."""
     for name, value in zip(boundary_names(branch), (img, txt), strict=True):
-        if state.put(name, value) is None:
-            raise RuntimeError(f"save_boundary: pool has no room for {name} of {state}")
+        write_boundary(state, name, value)
 
 
-def load_boundary(state: RequestState, branch: str) -> tuple[torch.Tensor, torch.Tensor]:
+def load_boundary(state: RequestState, branch: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One branch's (image rows ``[S_img, dim]``, text rows ``[S_txt, dim]``) from pages."""
     hidden, encoder_hidden = boundary_names(branch)
-    return state.get(hidden), state.get(encoder_hidden)
+    return read_boundary(state, hidden, dim), read_boundary(state, encoder_hidden, dim)
 
 
 def drop_boundary(state: RequestState) -> None:
@@ -84,6 +75,7 @@ def drop_boundary(state: RequestState) -> None:
         for name in boundary_names(branch):
             if name in state:
                 state.delete(name)
+    state.scalars.pop(CURRENT, None)
 
 
 def solver_update(state: RequestState, latents: torch.Tensor, preds: list[torch.Tensor]):

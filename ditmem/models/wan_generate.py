@@ -39,8 +39,9 @@ from ditmem.models.generator import (
     check_block_range,
     check_finished,
     check_step_states,
-    room_for_boundaries,
+    common_block,
 )
+from ditmem.models.open_step import OpenStep, mark_boundary, reserve_boundaries
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
@@ -220,40 +221,69 @@ class WanGenerator:
         States paused inside a step (all at the same block) finish that step."""
         self.step_blocks(states, self.num_blocks)
 
-    @torch.no_grad()
     def step_blocks(self, states: list[RequestState], stop: int) -> bool:
         """Run blocks ``block .. stop-1`` of the current step for all states (all at the same
         ``block``), packed. ``stop == num_blocks`` finishes the step (guidance, solver update,
         boundary pages freed); otherwise each request's hidden rows are saved into its pages
         (``boundary.hidden.<branch>``) so it can be offloaded and resumed in any pages.
-        Returns ``False`` with nothing changed when a pool has no room for them."""
-        check_step_states(states, self.is_done)
-        start = check_block_range(states, stop, self.num_blocks)
-        if stop < self.num_blocks and not room_for_boundaries(states, self._new_boundary_pages):
+        Returns ``False`` with nothing changed when a pool has no room for them.
+        (:class:`~ditmem.models.chunked.ChunkRunner` keeps the step open between chunks
+        instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
+        step = self.open_step(states)
+        if not self.advance(step, stop):
             return False
+        if not step.finished:
+            self.save_boundary(step)
+        return True
+
+    @torch.no_grad()
+    def open_step(self, states: list[RequestState]) -> OpenStep:
+        """Embed the states' current step into packed batches (one per transformer in use)
+        at the block they are at: the inputs at block 0, the boundary rows from their pages
+        otherwise. No block runs."""
+        check_step_states(states, self.is_done)
+        start = common_block(states, self.num_blocks)
         latents = [s.get("latents") for s in states]
         jobs: dict[str, list[tuple[RequestState, str, dict]]] = {}
         for s, lat in zip(states, latents, strict=True):
             for branch in ws.branches(s):
                 item = (s, branch, self._kwargs(s, lat, ws.expert(s), branch))
                 jobs.setdefault(ws.expert(s), []).append(item)
-        preds = {id(s): [] for s in states}
+        dim = self.shapes.inner_dim
+        groups = []
         for expert, items in jobs.items():
             adapter = self.adapters[expert]
-            boundary = None if start == 0 else [ws.load_boundary(s, b) for s, b, _ in items]
-            batch = adapter.prepare([kw for _, _, kw in items], boundary, start)
-            adapter.run_blocks(batch, start, stop)
-            if stop < self.num_blocks:
-                for (s, branch, _), rows in zip(items, batch.boundary(), strict=True):
-                    ws.save_boundary(s, branch, rows)
-                continue
-            for (s, _, _), out in zip(items, adapter.finish(batch), strict=True):
-                preds[id(s)].append(out)
+            owners = [(s, b) for s, b, _ in items]
+            boundary = None if start == 0 else [ws.load_boundary(s, b, dim) for s, b in owners]
+            groups.append((adapter, owners, adapter.prepare([kw for _, _, kw in items],
+                                                            boundary, start)))
+        return OpenStep(list(states), start, latents, groups)
+
+    @torch.no_grad()
+    def advance(self, step: OpenStep, stop: int) -> bool:
+        """Run blocks ``step.block .. stop-1`` of an open step. Stopping inside the step
+        reserves the states' boundary pages (``False``, nothing changed, when a pool has no
+        room) but writes nothing; ``stop == num_blocks`` finishes the step (guidance,
+        solver update, boundary pages freed)."""
+        check_step_states(step.states, self.is_done)
+        if check_block_range(step.states, stop, self.num_blocks) != step.block:
+            raise ValueError(f"advance: states are not at the open step's block {step.block}")
+        if stop < self.num_blocks and not reserve_boundaries(
+                step.states, self._boundary_shapes, self.dtype):
+            return False
+        for adapter, _, batch in step.groups:
+            adapter.run_blocks(batch, step.block, stop)
+        step.block = stop
         if stop < self.num_blocks:
-            for s in states:
+            for s in step.states:
                 s.scalars["block"] = stop
+            mark_boundary(step.states, False)
             return True
-        for s, lat in zip(states, latents, strict=True):
+        preds = {id(s): [] for s in step.states}
+        for adapter, owners, batch in step.groups:
+            for (s, _), out in zip(owners, adapter.finish(batch), strict=True):
+                preds[id(s)].append(out)
+        for s, lat in zip(step.states, step.latents, strict=True):
             noise = preds[id(s)][0]
             if s.scalars["cfg"]:
                 cond, uncond = preds[id(s)]
@@ -262,10 +292,20 @@ class WanGenerator:
             schedule = self.schedules.get(s.scalars["num_steps"])
             s.put("latents", unipc_step(schedule, s, noise, lat))
             s.scalars["block"] = 0
+        step.finished = True
         return True
 
-    def _new_boundary_pages(self, state: RequestState) -> int:
-        return ws.new_boundary_pages(state, self.shapes.inner_dim, self.dtype)
+    def save_boundary(self, step: OpenStep) -> None:
+        """Write an open step's boundary rows into the states' reserved pages (a park);
+        states freed meanwhile are skipped."""
+        for _, owners, batch in step.groups:
+            for (s, branch), rows in zip(owners, batch.boundary(), strict=True):
+                if ws.boundary_name(branch) in s:
+                    ws.save_boundary(s, branch, rows)
+        mark_boundary([s for s in step.states if s.scalars], True)
+
+    def _boundary_shapes(self, state: RequestState) -> dict[str, tuple[int, int]]:
+        return ws.boundary_shapes(state, self.shapes.inner_dim)
 
     def is_done(self, state: RequestState) -> bool:
         """True when all the request's denoising steps have run."""

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from ditmem.memory import RequestState, pages_for
+from ditmem.memory import RequestState
+from ditmem.models.open_step import CURRENT, read_boundary, write_boundary
 
 BRANCHES = ("cond", "uncond")
 
@@ -42,21 +43,20 @@ def boundary_name(branch: str) -> str:
     return f"boundary.hidden.{branch}"
 
 
-def new_boundary_pages(state: RequestState, dim: int, dtype: torch.dtype) -> int:
-    """Pages that saving the request's boundary rows would newly allocate (0 once saved)."""
-    per_branch = pages_for(state.scalars["tokens"] * dim, (), dtype, state.pool.page_bytes)
-    return sum(per_branch for b in branches(state) if boundary_name(b) not in state)
+def boundary_shapes(state: RequestState, dim: int) -> dict[str, tuple[int, int]]:
+    """``(rows, cols)`` of each boundary tensor the state holds while paused in a step."""
+    return {boundary_name(b): (state.scalars["tokens"], dim) for b in branches(state)}
 
 
 def save_boundary(state: RequestState, branch: str, hidden: torch.Tensor) -> None:
-    """Store one branch's hidden rows ``[S, dim]``; RuntimeError if the pool is out of room
-    (callers check :func:`new_boundary_pages` first)."""
-    if state.put(boundary_name(branch), hidden) is None:
-        raise RuntimeError(f"save_boundary: no room for {boundary_name(branch)} of {state}")
+    """Write one branch's hidden rows ``[S, dim]`` into its reserved pages
+    (:func:`ditmem.models.open_step.reserve_boundaries` first)."""
+    write_boundary(state, boundary_name(branch), hidden)
 
 
-def load_boundary(state: RequestState, branch: str) -> torch.Tensor:
-    return state.get(boundary_name(branch))
+def load_boundary(state: RequestState, branch: str, dim: int) -> torch.Tensor:
+    """One branch's hidden rows ``[S, dim]`` from its pages."""
+    return read_boundary(state, boundary_name(branch), dim)
 
 
 def drop_boundary(state: RequestState) -> None:
@@ -64,3 +64,4 @@ def drop_boundary(state: RequestState) -> None:
     for branch in branches(state):
         if boundary_name(branch) in state:
             state.delete(boundary_name(branch))
+    state.scalars.pop(CURRENT, None)

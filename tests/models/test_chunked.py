@@ -138,3 +138,55 @@ def test_bad_use_is_refused(qwen):
         runner.run_chunk([s], 0)
     with pytest.raises(TypeError, match="cannot pause inside a step"):
         ChunkRunner(object(), runner.engine)
+
+
+@pytest.fixture(scope="module")
+def wan4():
+    """Tiny Wan with 4 blocks: room for several chunk boundaries inside a step."""
+    from ditmem.models.wan_generate import WanGenerator
+    from ditmem.models.wan_tiny import build_pipeline, build_tiny_transformer
+
+    pipe = build_pipeline()
+    pipe.transformer = build_tiny_transformer(2, num_layers=4)
+    return WanGenerator(pipe, name="tiny-wan-4L", max_sequence_length=64)
+
+
+def test_open_step_writes_boundary_pages_only_when_paused(wan4, monkeypatch):
+    """Consecutive chunks continue the packed batch in memory: pages are reserved by the
+    first chunk but written only by a park / flush (or when other requests run); a stale
+    page read is refused, and every path ends bit-identical to whole steps."""
+    gen = wan4
+    ref = {r.request_id: _alone(gen, r, WAN_PAGE)[0] for r in WAN_REQS}
+    writes = []
+    save = gen.save_boundary
+    monkeypatch.setattr(gen, "save_boundary", lambda step: (writes.append(step), save(step)))
+    pool, host = PagePool(4096, WAN_PAGE), HostPool(4096, WAN_PAGE)
+    engine = OffloadEngine(pool, host, mode="thread")
+    runner = ChunkRunner(gen, engine)
+    a, b = (gen.encode(r, pool) for r in WAN_REQS)
+    # step 1 of a: chunks of one block, no park: nothing written
+    for block in (1, 2, 3):
+        assert runner.run_chunk([a], 1) and gen.block(a) == block
+        assert boundary_names(a) and not writes
+    assert runner.run_chunk([a], 1) and gen.block(a) == 0 and not boundary_names(a)
+    # step 2: open at block 1; the generator refuses to resume it from unwritten pages
+    assert runner.run_chunk([a], 1)
+    with pytest.raises(ValueError, match="open in a ChunkRunner"):
+        gen.step([a])
+    # other requests run meanwhile: the open step is flushed first, then resumed from pages
+    assert runner.run_chunk([b], 2) and len(writes) == 1 and runner.open.states == [b]
+    assert runner.run_chunk([a], 2) and gen.block(a) == 3 and len(writes) == 2
+    runner.flush()
+    assert len(writes) == 3 and runner.open is None
+    gen.step([a])  # the generator finishes the step from the pages the flush wrote
+    # step 3: parked after block 2 (boundary written by the park), dropped, resumed by step
+    assert runner.run_chunk([a], 2)
+    parked = runner.park([a])
+    assert len(writes) == 4 and runner.open is None
+    runner.drop(parked)
+    gen.step([a])
+    for s in (a, b):
+        while not gen.is_done(s):
+            assert runner.run_chunk([s], 3)
+    engine.close()
+    assert torch.equal(gen.latents(a), ref["a"]) and torch.equal(gen.latents(b), ref["b"])

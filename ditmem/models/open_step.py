@@ -1,0 +1,98 @@
+"""A denoising step kept open between chunks of blocks, and the pages of its boundary.
+
+When a step runs as chunks of blocks (block-level preemption), consecutive chunks of the
+same requests continue the packed batches in memory (:class:`OpenStep`): no re-embedding
+of the inputs, no round trip of the block-boundary activations through pages. The boundary
+is written to the requests' pages only when the step is paused for real (a park), and
+read back from pages only when a paused step resumes. Pages for it are *reserved*
+(allocated, not written) by the first chunk that ends inside the step, so a park never
+needs new pages.
+
+Whether a state's boundary pages hold its current rows is the state's scalar
+``boundary_current``; a step resumed from pages checks it, so an open step that was never
+written cannot be resumed from stale pages by mistake.
+
+Boundary tensors are stored flat (``[rows * cols]``, no row shape), as ``pages_for(rows *
+cols, ())`` counts them in each generator's ``boundary_pages``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ditmem.memory import RequestState, pages_for
+
+#: Scalar saying whether the state's boundary pages hold its current boundary rows.
+CURRENT = "boundary_current"
+
+
+@dataclass(slots=True, eq=False)
+class OpenStep:
+    """A part-done step whose packed batches live in memory between chunks.
+
+    states: the requests (all at ``block``); block: the next block to run; latents: each
+    state's latents as read when the step opened; groups: per transformer in use,
+    ``(adapter, owners, batch)`` with ``owners[i] = (state, branch)`` the owner of the
+    batch's i-th request; finished: the step's last block has run (solver updates done).
+    """
+
+    states: list[RequestState]
+    block: int
+    latents: list[torch.Tensor]
+    groups: list[tuple[Any, list[tuple[RequestState, str]], Any]]
+    finished: bool = False
+
+    def continues(self, states: list[RequestState]) -> bool:
+        """Whether running ``states`` next continues this step (same requests, any order,
+        none moved on)."""
+        return (not self.finished and len(states) == len(self.states)
+                and {id(s) for s in states} == {id(s) for s in self.states}
+                and all(s.scalars.get("block") == self.block for s in states))
+
+
+def reserve_boundaries(states: list[RequestState],
+                       shapes: Callable[[RequestState], dict[str, tuple[int, int]]],
+                       dtype: torch.dtype) -> bool:
+    """Allocate (uninitialised) every boundary tensor ``shapes(state)`` names that a state
+    does not hold yet. ``False`` with nothing allocated when a pool lacks the pages."""
+    missing = [(s, name, rows * cols) for s in states
+               for name, (rows, cols) in shapes(s).items() if name not in s]
+    need: dict[int, int] = {}
+    for s, _, numel in missing:
+        need[id(s.pool)] = need.get(id(s.pool), 0) + pages_for(numel, (), dtype,
+                                                               s.pool.page_bytes)
+    pools = {id(s.pool): s.pool for s in states}
+    if any(n > pools[k].num_free_pages for k, n in need.items()):
+        return False
+    for s, name, numel in missing:
+        paged = s.pool.allocate_tensor(numel, (), dtype)
+        if paged is None:  # counted above; a pool shrinking meanwhile is a bug elsewhere
+            raise RuntimeError(f"reserve_boundaries: pool lost its free pages for {name}")
+        s.put(name, paged)
+    return True
+
+
+def write_boundary(state: RequestState, name: str, rows: torch.Tensor) -> None:
+    """Write boundary rows ``[S, cols]`` into the reserved tensor ``name``."""
+    state.paged(name).write(rows.reshape(-1))
+
+
+def read_boundary(state: RequestState, name: str, cols: int) -> torch.Tensor:
+    """Boundary rows of tensor ``name`` as ``[S, cols]`` (a copy); ``ValueError`` when the
+    pages do not hold the current rows (the step is open in a ChunkRunner)."""
+    if not state.scalars.get(CURRENT, True):
+        raise ValueError(
+            f"{state.request_id}: paused at block {state.scalars.get('block')} but its boundary "
+            "rows are not in its pages (its step is open in a ChunkRunner: park or flush it)"
+        )
+    return state.get(name).view(-1, cols)
+
+
+def mark_boundary(states: list[RequestState], current: bool) -> None:
+    """Record whether the states' boundary pages hold their current rows."""
+    for s in states:
+        s.scalars[CURRENT] = current
