@@ -17,9 +17,10 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
    requests, whose deadlines are far, are deferred while they still have slack, and small
    ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
-   priority-0 work alone would leave less than that fraction of its time spare;
-   ``rescue0`` > 0 runs an on-time priority-0 request whose own slack is below that
-   fraction of its remaining work, if everything due before it can wait one of its steps.
+   priority-0 work alone would leave less than that fraction of its time spare.
+   ``rescue0`` (default 0.5) runs an on-time priority-0 request whose own slack has fallen
+   below that fraction of its remaining work ahead of earlier-due requests — only while each
+   of those keeps slack for ``rescue_guard`` (10) of its steps, so they lose nothing.
    (``beta`` switches to an SRPT-like key ``arrival + beta·remaining·2/weight`` under a
    slack guard; kept for comparison, EDF does better — docs/results/scheduler.md.)
 3. **Batch when it pays.** Requests of the same model join the step while the cost model
@@ -74,8 +75,10 @@ class SloPolicy(Policy):
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``alive_first`` — late requests still able to finish in time alone run first (on);
-    * ``rescue0``, ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0
-      further, at a cost in total attainment;
+    * ``rescue0`` (0 = off) and ``rescue_guard`` — the targeted promotion of an at-risk
+      priority-0 request (step 2);
+    * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a
+      cost in total attainment;
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
@@ -100,7 +103,8 @@ class SloPolicy(Policy):
         give_up_power: float = 2.0,
         protect: float = 0.0,
         shield0: bool = True,
-        rescue0: float = 0.0,
+        rescue0: float = 0.5,
+        rescue_guard: float = 10.0,
         alive_first: bool = True,
         urgency0: float = 1.0,
         beta: float | None = None,
@@ -122,6 +126,7 @@ class SloPolicy(Policy):
         self.protect = protect
         self.shield0 = shield0
         self.rescue0 = rescue0
+        self.rescue_guard = rescue_guard
         self.alive_first = alive_first
         self.urgency0 = urgency0
         self.beta = beta
@@ -300,10 +305,11 @@ class SloPolicy(Policy):
 
     def _rescued(self, ontime: list[_Cand]) -> _Cand | None:
         """The first priority-0 request whose own slack is below ``rescue0`` × its remaining
-        work, if every on-time request served before it can wait one of its steps."""
+        work, if every on-time request served before it can wait ``rescue_guard`` of its
+        steps."""
         for c in ontime:
             if c.req.priority == 0 and c.slack < self.rescue0 * c.rem:
-                return c if c.guard >= c.tau else None
+                return c if c.guard >= self.rescue_guard * c.tau else None
         return None
 
     def _protected(self, now: float, ontime: list[_Cand]) -> _Cand | None:

@@ -57,11 +57,17 @@ def test_rescue_promotes_an_at_risk_priority0_only_while_others_can_wait():
     ]
     # Deadline order runs X first. Y's slack is 1 s (< 0.25 × 6 s) and X can wait a step
     # (slack 3 s): Y runs at 0 s and 1 s; at 2 s its slack 1 s is no longer below 0.25 × 4 s.
-    assert outcome(reqs, cost) == {"X": (2.0, True), "Y": (8.0, True)}
-    assert outcome(reqs, cost, rescue0=0.25) == {"X": (4.0, True), "Y": (8.0, True)}
+    assert outcome(reqs, cost, rescue0=0) == {"X": (2.0, True), "Y": (8.0, True)}
+    promoted = {"X": (4.0, True), "Y": (8.0, True)}
+    assert outcome(reqs, cost, rescue0=0.25, rescue_guard=1) == promoted
+    # The default guard wants 10 of Y's steps of slack from X: X has 3 s, so no promotion.
+    assert outcome(reqs, cost, rescue0=0.25) == {"X": (2.0, True), "Y": (8.0, True)}
     urgent = [req("X", 0.0, steps=2, priority=1, slo_ms=2_500, cost=cost), reqs[1]]
     # X's slack (0.5 s) cannot absorb one of Y's 1 s steps: deadline order stands.
-    assert outcome(urgent, cost, rescue0=0.25) == {"X": (2.0, True), "Y": (8.0, True)}
+    assert outcome(urgent, cost, rescue0=0.25, rescue_guard=1) == {
+        "X": (2.0, True),
+        "Y": (8.0, True),
+    }
 
 
 def test_late_requests_that_can_still_make_it_alone_run_first():
