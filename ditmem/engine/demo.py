@@ -32,23 +32,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arrival", default="poisson", help="poisson | gamma:CV")
-    p.add_argument("--divisor", type=int, default=8,
-                   help="pixel divisor from the GPU shapes (8: 512->64, 1024->128, "
-                        "2048->256; see docs/results/serving.md for why not 2)")
+    p.add_argument("--divisor", type=int, default=2,
+                   help="pixel divisor from the GPU shapes (2: 512->256, 1024->512, "
+                        "2048->1024, where the largest request takes >= 20x the smallest, "
+                        "as on a GPU; 8 is about 5x faster but only ~5x)")
     p.add_argument("--policies", default="fifo,slo")
     p.add_argument("--pool-mb", type=float, default=64.0)
-    p.add_argument("--decode-workers", type=int, default=0,
-                   help="VAE decode threads beside the step loop (default 0: inline, as "
-                        "simulated; the worker's queue is FIFO, outside the policy)")
+    p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
+                   help="1: VAE decode on a worker thread beside the step loop (earliest "
+                        "deadline first; simulated as `--decode concurrent`)")
+    p.add_argument("--decode", choices=("auto", "inline", "tiled"), default="auto",
+                   help="auto (default): fifo decodes right after the last step (run to "
+                        "completion), the other policies tile by tile between steps when "
+                        "a decode is due first; inline / tiled: the same for every policy")
+    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
+                   help="VAE decode tiles in pixels for every policy ('none': whole)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--mode", choices=("parallel", "sequential"), default="sequential",
-                   help="sequential (default): one policy after the other in this process; "
-                        "parallel: one process per policy, replays started together (both "
-                        "see the same background load, but they also share the cores, so "
-                        "the profile must be measured that way too)")
+    p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",
+                   help="parallel (default): one process per policy, each pinned to its own "
+                        "core when there are enough, replays started together (both see "
+                        "the same background load); sequential: one after the other here")
     add_threads_argument(p)
 
 
@@ -84,6 +90,23 @@ def warm_up(gen, trace, pool) -> None:
         gen.release(state)
 
 
+def decode_mode(args, policy: str, gen) -> str:
+    """The decode mode ``policy`` runs with (see ``--decode``)."""
+    from ditmem.engine.factory import resolve_decode
+
+    if args.decode_workers:
+        return "inline"
+    return resolve_decode(args.decode, policy, gen)[0]
+
+
+def decode_tile(args, gen) -> tuple[int, int] | None:
+    """``--decode-tile`` for models that can tile (None for the others, or 'none')."""
+    from ditmem.engine.profile import parse_tile
+    from ditmem.models.tiled_decode import supports_tiled_decode
+
+    return parse_tile(args.decode_tile) if supports_tiled_decode(gen) else None
+
+
 def calibrate(gen, args) -> str:
     """Measure the device profile for the demo's three shapes now (the machine may be
     shared: the load must be relative to today's speed); returns the saved JSON path."""
@@ -94,14 +117,16 @@ def calibrate(gen, args) -> str:
                     for s in MIXES[args.workload].shapes})
     print(f"measuring the device profile for sides {sides} ...", flush=True)
     profile = measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
-                              page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None)
+                              page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
+                              decode_tile=decode_tile(args, gen))
     with open(args.profile_out, "w") as f:
         json.dump(profile, f, indent=2)
     print(f"profile: {args.profile_out}")
     return args.profile_out
 
 
-def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int) -> dict:
+def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int,
+            decode: str = "inline") -> dict:
     """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool."""
     import dataclasses
 
@@ -111,7 +136,8 @@ def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int) 
 
     pol, cost = make_policy_and_cost(policy, profile)
     reqs = [dataclasses.replace(r) for r in trace]
-    result = simulate(reqs, pol, cost.base, page_bytes=page_bytes, device_pages=pool_pages)
+    result = simulate(reqs, pol, cost.base, page_bytes=page_bytes, device_pages=pool_pages,
+                      decode=decode)
     return summarize(result.records)
 
 
@@ -127,7 +153,9 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dic
     policy, cost = make_policy_and_cost(name, args.profile)
     pool, host = make_pools(config, "cpu")
     engine = Engine(gen, policy, cost, pool, host, model=model_key,
-                    max_queued=config.max_queued, decode_workers=args.decode_workers).start()
+                    max_queued=config.max_queued, decode_workers=args.decode_workers,
+                    decode=decode_mode(args, name, gen), decode_tile=decode_tile(args, gen))
+    engine.start()
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
@@ -146,11 +174,15 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dic
             "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
 
 
-def _child(args, name, trace, barrier, out_queue) -> None:
-    """One policy in its own process (parallel mode)."""
+def _child(args, name, trace, barrier, out_queue, core) -> None:
+    """One policy in its own process (parallel mode), on CPU ``core`` when given."""
+    import os
+
     from ditmem import models
     from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
 
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     set_torch_threads(args.threads)
     gen = models.load(args.model)
     pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
@@ -161,19 +193,39 @@ def _child(args, name, trace, barrier, out_queue) -> None:
 
 def run_parallel(names, trace, args) -> dict:
     """Each policy in its own process, all replays started together: on a shared machine
-    both see the same background load at the same time."""
+    both see the same background load at the same time. With at least one core per policy
+    (and ``--threads`` 1), each process is pinned to its own core."""
     import multiprocessing as mp
+    import os
 
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = len(cores) >= len(names) and args.threads == 1
     ctx = mp.get_context("spawn")
     barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue))
-             for n in names]
+    procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue,
+                                              cores[i] if pin else None))
+             for i, n in enumerate(names)]
     for p in procs:
         p.start()
     outcomes = dict(out_queue.get() for _ in names)
     for p in procs:
         p.join()
     return outcomes
+
+
+def trace_limits(trace, cost) -> dict:
+    """What the trace itself allows: the spread of standalone times, the offline bound on
+    attainment (no policy can do better) and a clairvoyant schedule's attainment."""
+    import dataclasses
+
+    from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+
+    reqs = [dataclasses.replace(r) for r in trace]
+    alone = [cost.standalone_time(r) for r in reqs]
+    n = len(reqs)
+    return {"standalone_ratio": max(alone) / min(alone),
+            "bound_attainment": 1 - min_misses(reqs, cost) / n,
+            "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
 
 
 def main(args) -> int:
@@ -204,7 +256,8 @@ def main(args) -> int:
         o = outcomes[name]
         results[name] = run_summary(o["records"], o["services"], o["stats"], o["wall"],
                                     o["leaked"])
-        sim = predict(trace, name, args.profile, o["page_bytes"], o["num_pages"])
+        sim = predict(trace, name, args.profile, o["page_bytes"], o["num_pages"],
+                      "concurrent" if args.decode_workers else decode_mode(args, name, gen))
         results[name]["sim_slo_attainment"] = sim["slo_attainment"]
         results[name]["sim_p95_s"] = sim["p95_s"]
         results[name]["sim_p50_s"] = sim["p50_s"]
@@ -213,12 +266,18 @@ def main(args) -> int:
         "device": args.profile, "load": args.load, "arrival": args.arrival,
         "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
         "decode_workers": args.decode_workers, "mode": args.mode,
+        "decode": {n: decode_mode(args, n, gen) for n in names},
+        "decode_tile": decode_tile(args, gen),
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
         "total_wall_s": time.perf_counter() - started,
     }
+    meta.update(trace_limits(trace, CostModel.load(args.profile)))
     rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
             for name, res in results.items()]
     print(comparison_table(results, meta))
+    print(f"largest / smallest standalone time: {meta['standalone_ratio']:.1f}x; "
+          f"offline bound for this trace: any policy <= {100 * meta['bound_attainment']:.1f}%"
+          f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}%")
     if args.plot:
         from ditmem.engine.plots import plot_comparison
 

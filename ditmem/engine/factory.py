@@ -16,7 +16,9 @@ class EngineConfig:
     (request state only; weights are separate); ``host_mb``: host pool for offload
     (default 4x the pool); ``page_kb``: page size; ``profile``: cost-model profile name or
     JSON path (``cpu-tiny`` for the embedded models on a CPU); ``preemption``: "step" or
-    "block" (pause inside steps, between chunks of blocks)."""
+    "block" (pause inside steps, between chunks of blocks); ``decode``: "auto" (fifo:
+    inline, the others: tiled, where the model can tile), "inline" or "tiled";
+    ``decode_tile``: (tile, stride) pixels of VAE decode tiles, None: whole decodes."""
 
     model: str = "tiny-qwen-image"
     policy: str = "slo"
@@ -30,6 +32,20 @@ class EngineConfig:
     slo_scale: float = 3.0
     decode_workers: int = 0
     preemption: str = "step"
+    decode: str = "auto"
+    decode_tile: tuple[int, int] | None = (256, 224)
+
+
+def resolve_decode(choice: str, policy: str, generator) -> tuple[str, bool]:
+    """(decode mode, whether tiles apply) for ``choice`` ("auto" | "inline" | "tiled"):
+    "auto" runs fifo to completion (inline) and tiles for the other policies; models
+    without a tiled decode decode whole, inline."""
+    from ditmem.models.tiled_decode import supports_tiled_decode
+
+    tiles = supports_tiled_decode(generator)
+    if choice == "auto":
+        return ("tiled" if tiles and policy != "fifo" else "inline"), tiles
+    return choice, tiles
 
 
 def scheduler_model(model: str, generator=None) -> str:
@@ -79,7 +95,9 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
         raise ValueError(f"profile: {exc}; measure one with `ditmem profile --model "
                          f"{config.model} --out FILE` and pass --profile FILE") from None
     pool, host = make_pools(config, config.device)
+    decode, tiles = resolve_decode(config.decode, config.policy, generator)
     return Engine(generator, policy, cost, pool, host, model=key,
                   max_active=config.max_active, max_queued=config.max_queued,
                   slo_scale=config.slo_scale, decode_workers=config.decode_workers,
-                  preemption=config.preemption)
+                  preemption=config.preemption, decode=decode,
+                  decode_tile=config.decode_tile if tiles else None)

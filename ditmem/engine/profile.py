@@ -129,10 +129,13 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
     n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
     sides = sorted(m["decode_s"])
     tiling = m.get("decode_tile")
-    if tiling is not None and len([s for s in sides if s <= tiling[0]]) >= 2:
-        sides = [s for s in sides if s <= tiling[0]]  # larger images decode as tiles
+    if tiling is not None:  # larger images decode as tiles: fit the ones that fit a tile
+        sides = [s for s in sides if s <= tiling[0]]
     mpix = [s * s * m["frames"] / 1e6 for s in sides]
-    fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
+    if len(sides) == 1:  # one point: a rate through the origin
+        fixed, per_mp = 0.0, m["decode_s"][sides[0]] / mpix[0]
+    else:
+        fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
     from ditmem.scheduler.models import tokens_for
 
     state_sides = sorted(m["state_bytes"])
@@ -197,7 +200,7 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
                          page_kb=page_kb)
 
 
-def _tile_arg(text: str) -> tuple[int, int] | None:
+def parse_tile(text: str) -> tuple[int, int] | None:
     """``"256,224"`` -> (256, 224); ``"none"`` -> None. ValueError names the flag."""
     if text.strip().lower() == "none":
         return None
@@ -222,7 +225,7 @@ def main(args) -> int:
     profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
                               pool_mb=args.pool_mb, max_batch=args.max_batch,
                               page_kb=args.page_kb, frames=args.frames,
-                              decode_tile=_tile_arg(args.decode_tile))
+                              decode_tile=parse_tile(args.decode_tile))
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

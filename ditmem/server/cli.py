@@ -10,6 +10,7 @@ import argparse
 import os
 
 from ditmem.engine.factory import EngineConfig, build_engine
+from ditmem.engine.profile import parse_tile
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
 from ditmem.server.schemas import Limits
@@ -33,8 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued", type=int, default=256, help="waiting requests before 429")
     p.add_argument("--slo-scale", type=float, default=3.0,
                    help="default SLO = scale x standalone estimate when slo_ms is not given")
-    p.add_argument("--decode-workers", type=int, default=0,
-                   help="VAE decode threads beside the step loop (0: decode inline)")
+    p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
+                   help="1: VAE decode on a worker thread beside the step loop")
+    p.add_argument("--decode", choices=("auto", "inline", "tiled"), default="auto",
+                   help="auto (default): fifo decodes right after the last step, the other "
+                        "policies tile by tile between steps when a decode is due first")
+    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
+                   help="VAE decode tiles in pixels ('none': whole decodes, as the stock "
+                        "pipeline by default; with tiles, images equal the stock pipeline "
+                        "with vae.enable_tiling at these sizes)")
+    p.add_argument("--preemption", choices=("step", "block"), default="step",
+                   help="pause requests between steps, or also between chunks of "
+                        "transformer blocks (long video steps)")
     p.add_argument("--default-size", default="256x256")
     p.add_argument("--default-steps", type=int, default=28)
     p.add_argument("--log-level", default="info")
@@ -46,7 +57,9 @@ def engine_config(args) -> EngineConfig:
                         pool_mb=args.pool_mb, host_mb=args.host_mb, page_kb=args.page_kb,
                         max_active=args.max_active, max_queued=args.max_queued,
                         device=args.device, slo_scale=args.slo_scale,
-                        decode_workers=args.decode_workers)
+                        decode_workers=args.decode_workers, preemption=args.preemption,
+                        decode="inline" if args.decode_workers else args.decode,
+                        decode_tile=parse_tile(args.decode_tile))
 
 
 def main(args) -> int:
