@@ -30,6 +30,7 @@ because ``kv_lens`` bounds every request). A zero-length segment gets no block a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -80,30 +81,37 @@ class PackedLayout:
         if block_size <= 0:
             raise ValueError(f"PackedLayout.build: block_size must be > 0, got {block_size}")
         counts = [blocks_for(n, block_size) for n in lengths]
-        starts, acc = [], 0
-        for c in counts:
-            starts.append(acc)
-            acc += c
-        num_blocks = acc
+        if len(lengths) == 1:  # the same tensors, built with fewer ops
+            n, nb = lengths[0], counts[0]
+            return PackedLayout(
+                lengths=lengths,
+                block_size=block_size,
+                cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=device),
+                block_starts=[0],
+                num_blocks=nb,
+                block_table=torch.arange(max(1, nb), dtype=torch.int32, device=device)
+                .mul_(nb > 0).view(1, -1),
+                kv_lens=torch.tensor([n], dtype=torch.int32, device=device),
+                slots=torch.arange(n, device=device),
+                segment_ids=torch.zeros(n, dtype=torch.int64, device=device),
+            )
+        starts = list(accumulate(counts[:-1], initial=0))
+        cu = list(accumulate(lengths, initial=0))
         max_blocks = max(1, max(counts))
-        table = torch.zeros(len(lengths), max_blocks, dtype=torch.int32)
-        for b, (s, c) in enumerate(zip(starts, counts, strict=True)):
-            table[b, :c] = torch.arange(s, s + c, dtype=torch.int32)
-        cu = [0]
-        for n in lengths:
-            cu.append(cu[-1] + n)
+        cols = torch.arange(max_blocks, dtype=torch.int32)
+        first, count = torch.tensor([starts, counts], dtype=torch.int32)
+        table = torch.where(cols < count[:, None], first[:, None] + cols, 0)
         lens_t = torch.tensor(lengths, dtype=torch.int64)
         segment_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens_t)
-        cu_t = torch.tensor(cu, dtype=torch.int64)
-        start_rows = torch.tensor(starts, dtype=torch.int64) * block_size
-        offsets = torch.arange(cu[-1], dtype=torch.int64) - cu_t[segment_ids]
-        slots = start_rows[segment_ids] + offsets
+        # row t of segment b sits at flat row starts[b] * block_size + (t - cu[b])
+        shift = torch.tensor([st * block_size - c for st, c in zip(starts, cu, strict=False)])
+        slots = torch.arange(cu[-1], dtype=torch.int64) + shift[segment_ids]
         return PackedLayout(
             lengths=lengths,
             block_size=block_size,
-            cu_seqlens=cu_t.to(torch.int32).to(device),
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
             block_starts=starts,
-            num_blocks=num_blocks,
+            num_blocks=sum(counts),
             block_table=table.to(device),
             kv_lens=lens_t.to(torch.int32).to(device),
             slots=slots.to(device),
@@ -218,6 +226,8 @@ def rowwise_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     bits of ``linear(x[b:b+1])`` whatever B is, so per-request conditioning (timestep
     embedding, modulation) does not depend on which requests share the batch, and a single
     request computes exactly what the stock model computes. Returns ``[B, out]``."""
+    if x.shape[0] == 1:
+        return linear(x)
     w = linear.weight.t()
     w = w.expand(x.shape[0], *w.shape)
     if linear.bias is None:

@@ -18,6 +18,7 @@ attention with ``ditmem.ops.paged_attention`` over block-aligned K/V. Two call f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -53,14 +54,16 @@ class PackedJoint:
     @staticmethod
     def build(txt_lens, img_lens, txt_freqs, img_freqs, block_size, device) -> PackedJoint:
         """txt_lens/img_lens: per-request token counts (ints); freqs already packed."""
-        layout = PackedLayout.build(
-            [t + i for t, i in zip(txt_lens, img_lens, strict=True)], block_size, device
-        )
-        is_txt = torch.cat([
-            torch.cat([torch.ones(t, dtype=torch.bool), torch.zeros(i, dtype=torch.bool)])
-            for t, i in zip(txt_lens, img_lens, strict=True)
-        ]).to(device)
-        txt_pos, img_pos = is_txt.nonzero()[:, 0], (~is_txt).nonzero()[:, 0]
+        lens = [t + i for t, i in zip(txt_lens, img_lens, strict=True)]
+        layout = PackedLayout.build(lens, block_size, device)
+        if len(lens) == 1:  # joint rows = blocked rows = [text; image]
+            rows = layout.slots
+            txt_pos, img_pos = rows[: txt_lens[0]], rows[txt_lens[0] :]
+            return PackedJoint(layout, txt_pos, img_pos, txt_pos, img_pos, txt_freqs, img_freqs)
+        starts = list(accumulate(lens[:-1], initial=0))  # each request's first joint row
+        txt_pos = _rows_at(txt_lens, starts, device)
+        img_pos = _rows_at(img_lens, [c + t for c, t in zip(starts, txt_lens, strict=True)],
+                           device)
         return PackedJoint(
             layout, txt_pos, img_pos, layout.slots[txt_pos], layout.slots[img_pos],
             txt_freqs, img_freqs,
@@ -106,6 +109,19 @@ class PackedJoint:
             n_txt = self.txt_pos.shape[0]
             return o[n_txt:], o[:n_txt]
         return o.index_select(0, self.img_pos), o.index_select(0, self.txt_pos)
+
+
+def _rows_at(lens: list[int], firsts: list[int], device) -> torch.Tensor:
+    """int64 ``[sum(lens)]``: rows ``firsts[b] .. firsts[b] + lens[b] - 1`` for each b, in
+    order."""
+    shift = torch.tensor([f - c for f, c in zip(firsts, accumulate(lens, initial=0),
+                                                strict=False)])
+    rows = torch.arange(sum(lens))
+    if len(lens) > 1:
+        rows = rows + torch.repeat_interleave(shift, torch.tensor(lens))
+    else:
+        rows = rows + shift[0]
+    return rows.to(device)
 
 
 def rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
