@@ -43,27 +43,15 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
 from .inside_step import group_of, is_part_done, keep_running, running_step
+from .priority_rules import Candidate, late_order, protected, rescued, set_aside
 
 INF = float("inf")
-
-
-@dataclass(slots=True)
-class _Cand:
-    item: RequestStatus | Request
-    req: Request
-    rem: float
-    tau: float
-    tokens: int
-    slack: float = INF
-    guard: float = INF
-    late: bool = False
 
 
 class SloPolicy(Policy):
@@ -138,7 +126,7 @@ class SloPolicy(Policy):
         self._static: dict[str, tuple[int, float, float, float]] = {}
 
     # ---- per-request numbers -----------------------------------------------------------
-    def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> _Cand:
+    def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> Candidate:
         static = self._static.get(req.id)
         if static is None:
             tokens = self.cost.tokens(req)
@@ -151,7 +139,7 @@ class SloPolicy(Policy):
         part = item.blocks_done / blocks if isinstance(item, RequestStatus) else 0.0
         started = steps_done > 0 or part > 0
         rem = (req.steps - steps_done - part) * tau + dec + (0.0 if started else enc)
-        return _Cand(item, req, rem, tau, tokens)
+        return Candidate(item, req, rem, tau, tokens)
 
     def _order_deadline(self, req: Request) -> float:
         """The deadline used for ordering: priority 0 is ordered as if due after only
@@ -160,12 +148,12 @@ class SloPolicy(Policy):
             return req.arrival + self.urgency0 * (req.deadline - req.arrival)
         return req.deadline
 
-    def _key(self, c: _Cand) -> float:
+    def _key(self, c: Candidate) -> float:
         if self.beta is None:
             return self._order_deadline(c.req)
         return c.req.arrival + self.beta * c.rem * 2.0 / c.req.weight
 
-    def _candidates(self, view: SchedulerView) -> list[_Cand]:
+    def _candidates(self, view: SchedulerView) -> list[Candidate]:
         if self.forecast is not None:
             self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
         out = [self._cand(s, s.request, s.steps_done) for s in view.active]
@@ -187,7 +175,7 @@ class SloPolicy(Policy):
         return cap
 
     # ---- the decision ------------------------------------------------------------------
-    def _classify(self, now: float, cands: list[_Cand]) -> list[_Cand]:
+    def _classify(self, now: float, cands: list[Candidate]) -> list[Candidate]:
         """Mark late requests; return the on-time ones by deadline, slack and guard set."""
         ontime = []
         for c in cands:
@@ -195,7 +183,7 @@ class SloPolicy(Policy):
             if not c.late:
                 ontime.append(c)
         ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
-        heap: list[tuple[float, int, _Cand]] = []
+        heap: list[tuple[float, int, Candidate]] = []
         work = 0.0
         for n, c in enumerate(ontime):
             work += c.rem
@@ -203,7 +191,7 @@ class SloPolicy(Policy):
             while heap and work > (
                 cap := self._capacity(c.req.deadline - now, now, c.req.priority)
             ):
-                victim = self._give_up(heap, work - cap)
+                victim = set_aside(heap, work - cap, self.shield0)
                 victim.late = True
                 work -= victim.rem
         ontime = [c for c in ontime if not c.late]
@@ -216,27 +204,6 @@ class SloPolicy(Policy):
             )
             guard = min(guard, c.slack)
         return ontime
-
-    def _give_up(self, heap: list[tuple[float, int, _Cand]], excess: float) -> _Cand:
-        """Pop the request to set aside: the most remaining work per weight**power. With
-        ``shield0``, a priority-0 pick is swapped, one miss for one miss, for the lower-priority
-        request with the most work per weight whose remaining work alone covers ``excess``;
-        failing that, for an equal priority-0 one due later (the earlier is nearer done)."""
-        victim = heapq.heappop(heap)
-        if not self.shield0 or victim[2].req.priority != 0:
-            return victim[2]
-        swaps = [e for e in heap if e[2].req.priority > 0 and e[2].rem >= excess]
-        if swaps:
-            swap = min(swaps)
-        else:
-            swaps = [e for e in heap if e[0] == victim[0] and e[1] > victim[1]]
-            if not swaps:
-                return victim[2]
-            swap = max(swaps)
-        heap.remove(swap)
-        heap.append(victim)
-        heapq.heapify(heap)
-        return swap[2]
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         cands = self._candidates(view)
@@ -271,7 +238,7 @@ class SloPolicy(Policy):
         affordable = int(self.chunk_wait_share * max(slack, 0.0) / block_s) if block_s > 0 else 0
         return min(blocks, max(least, affordable))
 
-    def _keep_running(self, view, running: list[RequestStatus], ontime: list[_Cand]) -> bool:
+    def _keep_running(self, view, running: list[RequestStatus], ontime: list[Candidate]) -> bool:
         """Finish the running part-done step unless an on-time request served before it
         would lose its slack waiting for the rest (``inside_step.keep_running``)."""
         ids = {s.id for s in running}
@@ -282,51 +249,24 @@ class SloPolicy(Policy):
             before.append(c.slack)
         return keep_running(self.cost, view, running, before)
 
-    def _preference(self, now: float, ontime: list[_Cand], late: list[_Cand]):
+    def _preference(self, now: float, ontime: list[Candidate], late: list[Candidate]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
         first = self._starving(now, late, ontime)
         if first is None and self.rescue0 > 0:
-            first = self._rescued(ontime)
+            first = rescued(ontime, self.rescue0, self.rescue_guard)
         if first is None and self.protect > 0:
-            first = self._protected(now, ontime)
+            first = protected(now, ontime, self.protect)
         if first is None and ontime and self.beta is not None:
             best = min(ontime, key=self._key)
             first = best if best.guard >= best.tau else None
         if first is not None:
             yield first
         yield from ontime
-        yield from sorted(late, key=lambda c: self._late_key(now, c))
+        yield from sorted(late, key=lambda c: late_order(now, c, self.alive_first))
 
-    def _late_key(self, now: float, c: _Cand) -> tuple:
-        """Order of late requests: those that could still finish in time alone first (given
-        up for the forecast or for others, not yet lost), then shortest work per weight."""
-        lost = self.alive_first and now + c.rem > c.req.deadline
-        return (lost, c.rem / c.req.weight, c.req.arrival)
-
-    def _rescued(self, ontime: list[_Cand]) -> _Cand | None:
-        """The first priority-0 request whose own slack is below ``rescue0`` × its remaining
-        work, if every on-time request served before it can wait ``rescue_guard`` of its
-        steps."""
-        for c in ontime:
-            if c.req.priority == 0 and c.slack < self.rescue0 * c.rem:
-                return c if c.guard >= self.rescue_guard * c.tau else None
-        return None
-
-    def _protected(self, now: float, ontime: list[_Cand]) -> _Cand | None:
-        """The first priority-0 request by deadline once the priority-0 work alone would leave
-        less than ``protect`` of the time to a deadline spare (plus one step)."""
-        longest = max((c.tau for c in ontime), default=0.0)
-        work, first = 0.0, None
-        for c in ontime:
-            if c.req.priority != 0:
-                continue
-            first = first or c
-            work += c.rem
-            if (c.req.deadline - now) * (1.0 - self.protect) - work < longest:
-                return first
-        return None
-
-    def _starving(self, now: float, late: list[_Cand], ontime: list[_Cand]) -> _Cand | None:
+    def _starving(
+        self, now: float, late: list[Candidate], ontime: list[Candidate]
+    ) -> Candidate | None:
         """The most overdue late request past ``aging`` SLO windows, if on-time requests
         can absorb its step (always, past twice that)."""
         overdue = [
@@ -346,7 +286,7 @@ class SloPolicy(Policy):
         return (-(status.request.deadline or 0.0), -status.request.priority)
 
     # ---- batching ----------------------------------------------------------------------
-    def _fill_batch(self, now, view, plan, head: _Cand, ontime, late) -> None:
+    def _fill_batch(self, now, view, plan, head: Candidate, ontime, late) -> None:
         cost = self.cost
         model = head.req.model
         limit = cost.max_batch(model)
@@ -371,7 +311,9 @@ class SloPolicy(Policy):
             ):
                 batch, step = trial, new_step
 
-    def _batch_fits(self, now: float, batch: list[_Cand], step: float, ontime: list[_Cand]) -> bool:
+    def _batch_fits(
+        self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate]
+    ) -> bool:
         """After one step of ``batch`` (``step`` seconds), is every on-time request at least as
         feasible as after one step of the head alone (deadline order, remaining work)?"""
         head, members = batch[0], {id(c): c for c in batch}

@@ -1,0 +1,86 @@
+"""The priority rules of ``slo``, as pure functions over its candidates: which request to set
+aside when a deadline prefix overruns, which priority-0 request to run early, and in what
+order late requests run. Each candidate is a ``Candidate``: the request, its remaining work
+``rem`` (s), one step ``tau`` (s), and — for on-time ones — its ``slack`` (s of capacity left
+after everything due up to it) and ``guard`` (the least slack among those due before it)."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..request import Request, RequestStatus
+
+INF = float("inf")
+
+#: A give-up heap entry: (−remaining / weight**power, deadline rank, candidate).
+HeapEntry = tuple[float, int, "Candidate"]
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One request as ``slo`` sees it in a decision (times in seconds)."""
+
+    item: RequestStatus | Request
+    req: Request
+    rem: float
+    tau: float
+    tokens: int
+    slack: float = INF
+    guard: float = INF
+    late: bool = False
+
+
+def set_aside(heap: list[HeapEntry], excess: float, shield0: bool) -> Candidate:
+    """Pop the request to give up: the most remaining work per weight**power. With
+    ``shield0``, a priority-0 pick is swapped, one miss for one miss, for the lower-priority
+    request with the most work per weight whose remaining work alone covers ``excess`` (s);
+    failing that, for an equal priority-0 one due later (the earlier one is nearer done)."""
+    victim = heapq.heappop(heap)
+    if not shield0 or victim[2].req.priority != 0:
+        return victim[2]
+    swaps = [e for e in heap if e[2].req.priority > 0 and e[2].rem >= excess]
+    if swaps:
+        swap = min(swaps)
+    else:
+        swaps = [e for e in heap if e[0] == victim[0] and e[1] > victim[1]]
+        if not swaps:
+            return victim[2]
+        swap = max(swaps)
+    heap.remove(swap)
+    heap.append(victim)
+    heapq.heapify(heap)
+    return swap[2]
+
+
+def rescued(ontime: list[Candidate], fraction: float, guard_steps: float) -> Candidate | None:
+    """The first priority-0 request (``ontime`` in serving order) whose own slack is below
+    ``fraction`` × its remaining work, if every on-time request served before it keeps slack
+    for ``guard_steps`` of its steps; else None."""
+    for c in ontime:
+        if c.req.priority == 0 and c.slack < fraction * c.rem:
+            return c if c.guard >= guard_steps * c.tau else None
+    return None
+
+
+def protected(now: float, ontime: list[Candidate], fraction: float) -> Candidate | None:
+    """The first priority-0 request by deadline once the priority-0 work alone would leave
+    less than ``fraction`` of the time to a deadline spare (plus one step)."""
+    longest = max((c.tau for c in ontime), default=0.0)
+    work, first = 0.0, None
+    for c in ontime:
+        if c.req.priority != 0:
+            continue
+        first = first or c
+        work += c.rem
+        if (c.req.deadline - now) * (1.0 - fraction) - work < longest:
+            return first
+    return None
+
+
+def late_order(now: float, c: Candidate, alive_first: bool) -> tuple:
+    """Sort key of late requests: with ``alive_first``, those that could still finish in time
+    alone (given up for the forecast or for others, not yet lost) first; then the shortest
+    remaining work per weight."""
+    lost = alive_first and now + c.rem > c.req.deadline
+    return (lost, c.rem / c.req.weight, c.req.arrival)
