@@ -6,11 +6,13 @@ is simulated and the records are pooled before the metrics are taken.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .cost import CostModel
 from .metrics import summarize
+from .plan import StepReport
 from .policies import make_policy
 from .request import Request
 from .simulator import simulate
@@ -118,6 +120,60 @@ def run_point(
         "link_busy_s": link_s,
     }
     out.update(summarize(records))
+    return out
+
+
+class _Recording:
+    """A policy that remembers every executed iteration: (start, end, batch ids); the start
+    leaves out idle time (and a block preemption point's small overhead)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.steps: list[tuple[float, float, list[str]]] = []
+
+    def observe(self, report: StepReport) -> None:
+        busy = report.step_s + report.encode_s + report.decode_s + report.transfer_s
+        self.steps.append((report.now - busy, report.now, list(report.batch)))
+        self.inner.observe(report)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def explain_misses(scenario: Scenario, policy: str, load: float, priority: int = 0) -> list[dict]:
+    """Every missed request of ``priority`` with what the device ran during its SLO window:
+    ``ran`` maps ``"<width>² p<priority> <due before|after>"`` (relative to the missed
+    request's deadline; ``self`` for its own steps) to device seconds, most first."""
+    out = []
+    for seed in scenario.seeds:
+        reqs = scenario.requests_for(load, seed)
+        by_id = {r.id: r for r in reqs}
+        pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
+        rec = _Recording(pol)
+        result = simulate(reqs, rec, slo_scale=scenario.slo_scale)
+        for record in result.records:
+            r = record.request
+            if r.priority != priority or record.met:
+                continue
+            ran: Counter[str] = Counter()
+            for start, end, batch in rec.steps:
+                overlap = min(end, r.deadline) - max(start, r.arrival)
+                for rid in batch if overlap > 0 else ():
+                    o = by_id[rid]
+                    due = "before" if o.deadline <= r.deadline else "after"
+                    tag = "self" if rid == r.id else f"{o.width}² p{o.priority} due {due}"
+                    ran[tag] += overlap / len(batch)
+            out.append(
+                {
+                    "seed": seed,
+                    "id": r.id,
+                    "shape": f"{r.width}x{r.height}x{r.frames}, {r.steps} steps",
+                    "arrival_s": r.arrival,
+                    "window_s": r.deadline - r.arrival,
+                    "late_by_s": record.finished - r.deadline,
+                    "ran": dict(ran.most_common()),
+                }
+            )
     return out
 
 

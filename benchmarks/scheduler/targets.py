@@ -3,8 +3,11 @@ under fifo, srtf and slo, with the offline bound, goodput by bisection, other wo
 bursty arrivals, other devices and ablations of slo. Writes JSON and prints tables.
 
     python benchmarks/scheduler/targets.py [--quick] [--json OUT] [--plot OUT.png]
+    python benchmarks/scheduler/targets.py --explain-p0 [--seeds 5,6,7,8,9]
 
 --quick: 300 requests, 2 seeds, no goodput bisection (a smoke run, ~1 min).
+--explain-p0: only the priority-0 misses of slo and of its previous rules on seed-mix h200
+ρ 0.8 (shape, arrival, what ran in the window); --seeds picks other seeds (held-out check).
 """
 
 from __future__ import annotations
@@ -16,7 +19,13 @@ import time
 
 from ditmem.scheduler import CostModel
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses
-from ditmem.scheduler.experiment import Scenario, goodput, plot_sweep, run_point
+from ditmem.scheduler.experiment import (
+    Scenario,
+    explain_misses,
+    goodput,
+    plot_sweep,
+    run_point,
+)
 
 POLICIES = ("fifo", "srtf", "slo")
 ABLATIONS = {
@@ -119,13 +128,50 @@ def say_bound(b: dict) -> None:
     )
 
 
+def explain_p0(seeds: tuple[int, ...], n: int, path: str) -> int:
+    """Print (and write as JSON) each priority-0 miss of slo and of its previous rules."""
+    out = []
+    for label in ("slo", "slo-v1-rules"):
+        sc = Scenario(
+            cost=CostModel.load("h200"),
+            workload="seed-mix",
+            requests=n,
+            seeds=seeds,
+            policy_options={"slo": ABLATIONS[label]},
+        )
+        r = run_point(sc, "slo", 0.8)
+        p0 = r["per_priority"]["0"]["slo_attainment"]
+        print(f"== {label}: attainment {100 * r['slo_attainment']:.2f} %, p0 {100 * p0:.2f} %")
+        misses = explain_misses(sc, "slo", 0.8)
+        for m in misses:
+            ran = ", ".join(f"{k} {v:.1f} s" for k, v in list(m["ran"].items())[:5])
+            print(
+                f"seed {m['seed']} {m['id']} {m['shape']}: arrived {m['arrival_s']:.0f} s, "
+                f"window {m['window_s']:.1f} s, late by {m['late_by_s']:.1f} s; ran: {ran}"
+            )
+        out.append({"label": label, "options": ABLATIONS[label], "point": r, "misses": misses})
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"json: {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="benchmarks/scheduler/results/targets.json")
+    ap.add_argument("--json-p0", default=None, help="JSON of --explain-p0 (default: results/)")
     ap.add_argument("--plot", default="benchmarks/scheduler/results/seed_mix_sweep.png")
+    ap.add_argument("--explain-p0", action="store_true")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0-4)")
     args = ap.parse_args(argv)
     n, seeds = (300, (0, 1)) if args.quick else (2000, (0, 1, 2, 3, 4))
+    if args.seeds:
+        seeds = tuple(int(x) for x in args.seeds.split(","))
+    if args.explain_p0:
+        tag = "_".join(map(str, seeds))
+        path = args.json_p0 or f"benchmarks/scheduler/results/targets_p0_misses_seeds{tag}.json"
+        return explain_p0(seeds, n, path)
     out: dict = {
         "requests_per_seed": n,
         "seeds": list(seeds),
