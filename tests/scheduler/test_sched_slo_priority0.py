@@ -2,9 +2,11 @@
 the targeted promotion of an at-risk priority-0 request (``rescue0``) and the order of late
 requests (``alive_first``). A 512² step costs 1 s."""
 
+import pytest
 from sched_factories import PAGE, HandEngine, req, table_cost
 
 from ditmem.scheduler import make_policy
+from ditmem.scheduler.experiment import Scenario, explain_misses
 from ditmem.scheduler.simulator import simulate
 
 
@@ -84,3 +86,20 @@ def test_late_requests_that_can_still_make_it_alone_run_first():
     shortest = make_policy("slo", cost, alive_first=False).schedule(10.0, eng.view())
     assert alive.batch == ["L"]
     assert shortest.batch == ["F0"]
+
+
+def test_explain_misses_reports_what_ran_in_the_window():
+    cost = table_cost()
+    trace = [
+        req("A", 0.0, steps=10, priority=1, slo_ms=100_000, cost=cost),
+        req("B", 0.5, steps=1, priority=0, slo_ms=1_000, cost=cost),
+    ]
+    sc = Scenario(cost=cost, trace=trace, trace_timed=True)
+    # fifo runs A from 0 to 10 s: B (window 0.5-1.5 s) misses by 9.5 s behind 1 s of A.
+    (miss,) = explain_misses(sc, "fifo", 0.0)
+    assert (miss["id"], miss["late_by_s"]) == ("B", pytest.approx(9.5))
+    assert miss["ran"] == {"512² p1 due after": pytest.approx(1.0)}
+    # slo preempts A at its first step boundary (1 s): B runs 1-2 s, late by 0.5 s.
+    (miss,) = explain_misses(sc, "slo", 0.0)
+    assert miss["late_by_s"] == pytest.approx(0.5)
+    assert miss["ran"] == {"512² p1 due after": pytest.approx(0.5), "self": pytest.approx(0.5)}
