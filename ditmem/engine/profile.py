@@ -66,9 +66,10 @@ def _state_bytes(gen, request) -> int:
 
 
 def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
-            frames: int = 1) -> dict:
+            frames: int = 1, decode_up_to: int | None = None) -> dict:
     """Raw measurements: step points, encode, decode per side, state bytes per side.
-    ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video."""
+    ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video;
+    ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles)."""
     from ditmem.engine.replay import PROMPTS
     from ditmem.models.request import GenerationRequest
     from ditmem.scheduler.models import tokens_for
@@ -96,6 +97,8 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
             log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
         for s in states:
             gen.release(s)
+        if decode_up_to is not None and side > decode_up_to:
+            continue
         times = []
         for i in range(max(1, repeats - 1)):  # a 2-step request run to the end, then decoded
             s = gen.encode(request(side, i, 2), pool)
@@ -182,12 +185,12 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
 
     pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
     from ditmem.engine.factory import scheduler_model
-
-    m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
-                frames=frames)
     from ditmem.models.tiled_decode import supports_tiled_decode
 
-    if decode_tile is not None and supports_tiled_decode(gen):
+    tiles = decode_tile is not None and supports_tiled_decode(gen)
+    m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
+                frames=frames, decode_up_to=decode_tile[0] if tiles else None)
+    if tiles:
         tile, stride = decode_tile
         if tile not in m["decode_s"]:
             m["decode_s"][tile] = measure(gen, [tile], [1], repeats, pool, log=log,
