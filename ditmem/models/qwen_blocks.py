@@ -57,8 +57,10 @@ class Segments:
         :meth:`view`: ``[parts, 1, dim]``, ``[parts, B, 1, dim]`` or ``[parts, T, dim]``."""
         if self.seg is None:
             return p if len(self.lens) == 1 else p[:, :, None]
-        p = p.contiguous()
-        return torch.stack([p[j].index_select(0, self.seg) for j in range(p.shape[0])])
+        out = p.new_empty(p.shape[0], self.rows, p.shape[2])
+        for j in range(p.shape[0]):  # one dense pass per part, straight into place
+            torch.index_select(p[j], 0, self.seg, out=out[j])
+        return out
 
 
 @dataclass(slots=True)
