@@ -4,7 +4,8 @@ For a time window [t1, t2], the requests that arrive at or after t1 and are due 
 their work done inside it. Relaxing their arrivals to t1 leaves one machine with deadlines,
 where Moore–Hodgson's rule (take them by deadline; whenever the work so far overruns the
 current deadline, drop the largest) gives the exact fewest misses — so every schedule,
-clairvoyant ones included, misses at least that many of them. Windows that do not overlap in
+clairvoyant ones included, misses at least that many of them; the mirror image (deadlines
+relaxed to t2, arrivals kept) is counted as well. Windows that do not overlap in
 time cannot share device time, so their counts add up: the best set of disjoint windows
 (weighted interval scheduling) gives a lower bound on misses, and hence an upper bound on
 SLO attainment. (``windows="single"`` checks only each window's last deadline, the weaker
