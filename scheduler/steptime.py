@@ -107,11 +107,19 @@ class TableStepModel:
         return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
     def seconds(self, tokens: Sequence[int]) -> float:
+        """A measured batch size b: ``curve_b`` at the mean size — exact for equal sizes.
+        Unequal sizes cost at least that, at least their largest member alone, and at least
+        the sum of their batch-1 times scaled by the batching gain measured at the mean
+        (attention grows with each member's own length, not with the mean's). Other batch
+        sizes: the sum of batch-1 times."""
         batch = len(tokens)
+        alone = [self._interp(self.curves[1], math.log(n)) for n in tokens]
         if batch > 1 and batch in self.curves:
-            mean = sum(tokens) / batch
-            return self._interp(self.curves[batch], math.log(mean))
-        return sum(self._interp(self.curves[1], math.log(n)) for n in tokens)
+            x = math.log(sum(tokens) / batch)
+            equal = self._interp(self.curves[batch], x)
+            gain = equal / (batch * self._interp(self.curves[1], x))
+            return max(equal, max(alone), gain * sum(alone))
+        return sum(alone)
 
     def min_share(self, tokens: int) -> float:
         """Not defined: a measured table has no FLOPs to bound a share by."""
