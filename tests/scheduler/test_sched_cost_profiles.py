@@ -115,3 +115,14 @@ def test_request_validation_names_the_field():
         Request("x", 0.0, width=0)
     with pytest.raises(ValueError, match="unknown model"):
         table_cost().tokens(Request("x", 0.0, model="sdxl"))
+
+
+def test_table_prices_unequal_batches_from_their_members():
+    # batch 2 gains 25 % at equal sizes; 1024 tokens take 1 s alone, 4096 take 4 s
+    cost = table_cost(batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.5},
+                                    {"tokens": 4096, "batch": 2, "seconds": 6.0}])
+    assert cost.step_time("qwen-image", [1024, 1024]) == pytest.approx(1.5)  # measured
+    assert cost.step_time("qwen-image", [4096, 4096]) == pytest.approx(6.0)
+    mixed = cost.step_time("qwen-image", [4096, 1024])
+    # never below the large member alone, nor below the batch-1 sum times the 25 % gain
+    assert mixed >= 4.0 and mixed == pytest.approx(max(4.0, 0.75 * (4.0 + 1.0)))
