@@ -2,7 +2,9 @@
 
 Shape/dtype/device checks are free (metadata only). Value checks (block ids in range,
 kv_lens within the table, cu_seqlens monotone) read small int tensors; they are combined
-into one host read per call so a CUDA/NPU caller pays a single small sync.
+into one host read per call so a CUDA/NPU caller pays a single small sync. Small CPU index
+tensors are checked as Python lists instead (a dozen tiny tensor ops cost more than the
+check itself: ~75 µs per call, a few % of a tiny model's forward).
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+#: Index tensors up to this many entries, on the CPU, are value-checked as Python lists.
+SMALL_INDEX = 4096
 
 
 def _desc(name: str, t: torch.Tensor) -> str:
     return f"{name} (shape {tuple(t.shape)}, {t.dtype}, {t.device})"
 
 
-def _need(cond: bool, msg: str) -> None:
+def _need(cond: bool, msg) -> None:
+    """ValueError(msg) unless ``cond``; ``msg`` may be a callable building the message only
+    on failure (the descriptions format shapes, too slow to build on every call)."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg() if callable(msg) else msg)
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -30,9 +36,9 @@ def _tensor(name: str, t: object) -> torch.Tensor:
 
 def _index(name: str, t: object, rank: int, device: torch.device) -> torch.Tensor:
     t = _tensor(name, t)
-    _need(t.dim() == rank, f"{_desc(name, t)} must have rank {rank}")
-    _need(t.dtype in INDEX_DTYPES, f"{_desc(name, t)} must be int32 or int64")
-    _need(t.device == device, f"{_desc(name, t)} must be on {device}")
+    _need(t.dim() == rank, lambda: f"{_desc(name, t)} must have rank {rank}")
+    _need(t.dtype in INDEX_DTYPES, lambda: f"{_desc(name, t)} must be int32 or int64")
+    _need(t.device == device, lambda: f"{_desc(name, t)} must be on {device}")
     return t
 
 
@@ -61,6 +67,29 @@ def _table_problems(block_table, lens, num_blocks, block_size, lens_name):
     return flags, msgs
 
 
+def _table_messages(rows: list, lens: list, num_blocks: int, block_size: int,
+                    width: int, lens_name: str, table_shape) -> list[str]:
+    """What :func:`_table_problems` flags, from Python lists (small CPU tensors)."""
+    capacity = width * block_size
+    out = []
+    if any(n < 0 for n in lens):
+        out.append(f"{lens_name} has negative entries")
+    if any(n > capacity for n in lens):
+        out.append(f"{lens_name} exceeds the block table's capacity ({width} blocks x "
+                   f"{block_size} rows = {capacity})")
+    for row, n in zip(rows, lens, strict=True):
+        used = row[:max(0, -(-n // block_size))]
+        if any(b < 0 or b >= num_blocks for b in used):
+            out.append(f"block_table (shape {tuple(table_shape)}) holds block ids outside "
+                       f"[0, {num_blocks}) in the blocks covered by {lens_name}")
+            break
+    return out
+
+
+def _small_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.numel() <= SMALL_INDEX for t in tensors)
+
+
 def _raise_flagged(flags: list[torch.Tensor], msgs: list[str]) -> None:
     if not flags or torch.compiler.is_compiling():  # no host reads inside a compiled graph
         return
@@ -72,42 +101,60 @@ def _raise_flagged(flags: list[torch.Tensor], msgs: list[str]) -> None:
 def check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale):
     """Validate paged_attention's inputs (see ditmem.ops.paged_attention for shapes)."""
     q = _tensor("q", q)
-    _need(q.dim() == 3, f"{_desc('q', q)} must be [total_q, num_heads, head_dim]")
-    _need(q.dtype in FLOAT_DTYPES, f"{_desc('q', q)} must be float32, float16 or bfloat16")
+    _need(q.dim() == 3, lambda: f"{_desc('q', q)} must be [total_q, num_heads, head_dim]")
+    _need(q.dtype in FLOAT_DTYPES, lambda: f"{_desc('q', q)} must be float32, float16 or bfloat16")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         c = _tensor(name, c)
         _need(
             c.dim() == 4,
-            f"{_desc(name, c)} must be [num_blocks, block_size, num_kv_heads, head_dim]",
+            lambda name=name, c=c: (
+                f"{_desc(name, c)} must be [num_blocks, block_size, num_kv_heads, head_dim]"
+            ),
         )
-        _need(c.dtype == q.dtype, f"{_desc(name, c)} must have q's dtype {q.dtype}")
-        _need(c.device == q.device, f"{_desc(name, c)} must be on q's device {q.device}")
+        _need(c.dtype == q.dtype,
+              lambda name=name, c=c: f"{_desc(name, c)} must have q's dtype {q.dtype}")
+        _need(c.device == q.device,
+              lambda name=name, c=c: f"{_desc(name, c)} must be on q's device {q.device}")
     _need(
         k_cache.shape == v_cache.shape,
-        f"{_desc('v_cache', v_cache)} must have k_cache's shape {tuple(k_cache.shape)}",
+        lambda: f"{_desc('v_cache', v_cache)} must have k_cache's shape {tuple(k_cache.shape)}",
     )
     _need(
         k_cache.shape[3] == q.shape[2],
-        f"{_desc('k_cache', k_cache)} head_dim must equal q's head_dim {q.shape[2]}",
+        lambda: f"{_desc('k_cache', k_cache)} head_dim must equal q's head_dim {q.shape[2]}",
     )
-    _need(k_cache.shape[1] > 0, f"{_desc('k_cache', k_cache)} block_size must be positive")
+    _need(k_cache.shape[1] > 0, lambda: f"{_desc('k_cache', k_cache)} block_size must be positive")
     num_kv_heads = k_cache.shape[2]
     _need(
         num_kv_heads > 0 and q.shape[1] % num_kv_heads == 0,
-        f"{_desc('q', q)} num_heads must be a multiple of num_kv_heads={num_kv_heads}",
+        lambda: f"{_desc('q', q)} num_heads must be a multiple of num_kv_heads={num_kv_heads}",
     )
     cu = _index("cu_seqlens_q", cu_seqlens_q, 1, q.device)
-    _need(cu.numel() >= 1, f"{_desc('cu_seqlens_q', cu)} must have B+1 >= 1 entries")
+    _need(cu.numel() >= 1, lambda: f"{_desc('cu_seqlens_q', cu)} must have B+1 >= 1 entries")
     batch = cu.numel() - 1
     bt = _index("block_table", block_table, 2, q.device)
     lens = _index("kv_lens", kv_lens, 1, q.device)
-    _need(bt.shape[0] == batch, f"{_desc('block_table', bt)} must have B={batch} rows")
-    _need(lens.shape[0] == batch, f"{_desc('kv_lens', lens)} must have B={batch} entries")
+    _need(bt.shape[0] == batch, lambda: f"{_desc('block_table', bt)} must have B={batch} rows")
+    _need(lens.shape[0] == batch, lambda: f"{_desc('kv_lens', lens)} must have B={batch} entries")
     if scale is not None:
         _need(
             isinstance(scale, (int, float)) and scale > 0 and scale != float("inf"),
-            f"scale must be a positive finite float, got {scale!r}",
+            lambda: f"scale must be a positive finite float, got {scale!r}",
         )
+    if torch.compiler.is_compiling():  # no host reads inside a compiled graph
+        return
+    if _small_cpu(cu, bt, lens):
+        cus = cu.tolist()
+        msgs = _table_messages(bt.tolist(), lens.tolist(), k_cache.shape[0], k_cache.shape[1],
+                               bt.shape[1], "kv_lens", bt.shape)
+        if cus[0] != 0:
+            msgs.append(f"{_desc('cu_seqlens_q', cu)} must start at 0")
+        if any(b < a for a, b in zip(cus, cus[1:], strict=False)):
+            msgs.append(f"{_desc('cu_seqlens_q', cu)} must be non-decreasing")
+        if cus[-1] != q.shape[0]:
+            msgs.append(f"{_desc('cu_seqlens_q', cu)} must end at total_q={q.shape[0]}")
+        _need(not msgs, msgs[0] if msgs else "")
+        return
     flags, msgs = _table_problems(bt, lens, k_cache.shape[0], k_cache.shape[1], "kv_lens")
     diffs = cu[1:] - cu[:-1]
     flags += [cu[0] != 0, (diffs < 0).any(), cu[-1] != q.shape[0]]
@@ -123,16 +170,16 @@ def check_write_blocks(x, cache, slot_mapping):
     """Validate write_blocks' inputs (x may be on another device: the op moves it)."""
     x = _tensor("x", x)
     cache = _tensor("cache", cache)
-    _need(x.dim() >= 1, f"{_desc('x', x)} must be [T, *row]")
+    _need(x.dim() >= 1, lambda: f"{_desc('x', x)} must be [T, *row]")
     _need(
         cache.dim() == x.dim() + 1 and cache.shape[2:] == x.shape[1:],
-        f"{_desc('cache', cache)} must be [num_blocks, block_size, *{tuple(x.shape[1:])}] "
+        lambda: f"{_desc('cache', cache)} must be [num_blocks, block_size, *{tuple(x.shape[1:])}] "
         f"to take rows of {_desc('x', x)}",
     )
     slots = _index("slot_mapping", slot_mapping, 1, cache.device)
     _need(
         slots.shape[0] == x.shape[0],
-        f"{_desc('slot_mapping', slots)} must have one slot per row of x ({x.shape[0]})",
+        lambda: f"{_desc('slot_mapping', slots)} must have one slot per row of x ({x.shape[0]})",
     )
     num_slots = cache.shape[0] * cache.shape[1]
     if slots.numel():
@@ -145,10 +192,12 @@ def check_write_blocks(x, cache, slot_mapping):
 def check_gather_blocks(cache, block_table, lens):
     """Validate gather_blocks' inputs."""
     cache = _tensor("cache", cache)
-    _need(cache.dim() >= 2, f"{_desc('cache', cache)} must be [num_blocks, block_size, *row]")
+    _need(cache.dim() >= 2,
+          lambda: f"{_desc('cache', cache)} must be [num_blocks, block_size, *row]")
     bt = _index("block_table", block_table, 2, cache.device)
     lens = _index("lens", lens, 1, cache.device)
-    _need(bt.shape[0] == lens.shape[0], f"{_desc('block_table', bt)} must have B={len(lens)} rows")
+    _need(bt.shape[0] == lens.shape[0],
+          lambda: f"{_desc('block_table', bt)} must have B={len(lens)} rows")
     _raise_flagged(*_table_problems(bt, lens, cache.shape[0], cache.shape[1], "lens"))
 
 

@@ -57,7 +57,11 @@ def test_head_dim_must_match():
                     v_cache=torch.zeros(8, 4, 2, 6))
 
 
-def test_values_are_checked():
+@pytest.mark.parametrize("small_index", [4096, 0], ids=["as-lists", "as-tensors"])
+def test_values_are_checked(monkeypatch, small_index):
+    from ditmem.ops import validation
+
+    monkeypatch.setattr(validation, "SMALL_INDEX", small_index)  # both ways of checking
     attention_error(r"kv_lens exceeds the block table's capacity \(4 blocks x 4 rows = 16\)",
                     kv_lens=torch.tensor([6, 17], dtype=I32))
     attention_error(r"kv_lens has negative", kv_lens=torch.tensor([-1, 9], dtype=I32))
@@ -73,7 +77,11 @@ def test_values_are_checked():
     attention_error(r"scale must be a positive finite", scale=-1.0)
 
 
-def test_unused_table_entries_are_not_checked():
+@pytest.mark.parametrize("small_index", [4096, 0], ids=["as-lists", "as-tensors"])
+def test_unused_table_entries_are_not_checked(monkeypatch, small_index):
+    from ditmem.ops import validation
+
+    monkeypatch.setattr(validation, "SMALL_INDEX", small_index)
     table = good()["block_table"].clone()
     table[0, 3] = -5  # request 0 uses 2 blocks
     ops.paged_attention(*{**good(), "block_table": table}.values())
