@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ditmem.memory import RequestState, pages_for
+from ditmem.models.generator import check_block_range, check_step_states
 
 #: Scalar saying whether the state's boundary pages hold its current boundary rows.
 CURRENT = "boundary_current"
@@ -52,6 +53,19 @@ class OpenStep:
         return (not self.finished and len(states) == len(self.states)
                 and {id(s) for s in states} == {id(s) for s in self.states}
                 and all(s.scalars.get("block") == self.block for s in states))
+
+
+def begin_advance(step: OpenStep, stop: int, num_blocks: int,
+                  is_done: Callable[[RequestState], bool],
+                  shapes: Callable[[RequestState], dict[str, tuple[int, int]]],
+                  dtype: torch.dtype) -> bool:
+    """Check that ``step``'s states can run blocks ``step.block .. stop-1`` (ValueError
+    otherwise) and, when ``stop`` is inside the step, reserve their boundary pages; False
+    (nothing changed) when a pool has no room."""
+    check_step_states(step.states, is_done)
+    if check_block_range(step.states, stop, num_blocks) != step.block:
+        raise ValueError(f"advance: states are not at the open step's block {step.block}")
+    return stop >= num_blocks or reserve_boundaries(step.states, shapes, dtype)
 
 
 def reserve_boundaries(states: list[RequestState],

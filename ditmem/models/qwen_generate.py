@@ -30,12 +30,11 @@ import torch
 from ditmem.memory import RequestState, pages_for
 from ditmem.models import qwen_state as qs
 from ditmem.models.generator import (
-    check_block_range,
     check_finished,
     check_step_states,
     common_block,
 )
-from ditmem.models.open_step import OpenStep, mark_boundary, reserve_boundaries
+from ditmem.models.open_step import OpenStep, begin_advance, mark_boundary
 from ditmem.models.processor_patch import original_processors
 from ditmem.models.qwen import patch
 from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
@@ -212,11 +211,8 @@ class QwenGenerator:
         reserves the states' boundary pages (``False``, nothing changed, when a pool has no
         room) but writes nothing; ``stop == num_blocks`` finishes the step (solver update,
         boundary pages freed)."""
-        check_step_states(step.states, self.is_done)
-        if check_block_range(step.states, stop, self.num_blocks) != step.block:
-            raise ValueError(f"advance: states are not at the open step's block {step.block}")
-        if stop < self.num_blocks and not reserve_boundaries(
-                step.states, self._boundary_shapes, self.dtype):
+        if not begin_advance(step, stop, self.num_blocks, self.is_done,
+                             self._boundary_shapes, self.dtype):
             return False
         ((adapter, owners, batch),) = step.groups
         adapter.run_blocks(batch, step.block, stop)
