@@ -72,9 +72,12 @@ freed) — the next ``schedule`` simply no longer sees it.
 Simulation and analysis (same objects, no engine):
 ``workload(name, cost, load=, requests=, seed=, arrival="poisson"|"gamma:CV", scale=)``
 (``ditmem.scheduler.workloads``) makes the named workloads; ``simulate(requests, policy)``
-(``.simulator``) replays the loop as a deterministic discrete-event simulation;
+(``.simulator``) replays the loop as a deterministic discrete-event simulation (decode
+inline, on a concurrent worker, or tile by tile: ``decode=``);
 ``summarize(records)`` (``.metrics``) gives attainment, P50/P95/P99/mean, per priority;
-``min_misses`` / ``clairvoyant_misses`` (``.bound``) bound what any policy can reach;
+``min_misses`` (``.bound``) is a lower bound on any policy's misses (each request's least
+work the profile allows, Moore–Hodgson windows) and ``clairvoyant_misses`` what an offline
+EDF schedule that knows every arrival reaches;
 ``run_point`` / ``goodput`` (``.experiment``) and the ``ditmem sim`` CLI (``.cli``) tie them
 together.
 """
