@@ -26,7 +26,8 @@ import time
 import torch
 
 from ditmem.engine.loop import Engine
-from ditmem.memory import HostPool, PagePool
+from ditmem.memory import HostPool, OffloadEngine, PagePool
+from ditmem.models.chunked import ChunkRunner
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan_generate import WanGenerator
 from ditmem.models.wan_tiny import build_pipeline, build_tiny_transformer
@@ -73,10 +74,13 @@ def measured_profile(gen) -> dict:
         step_of[name] = _timed(lambda s=s: gen.step([s]))
         tokens = gen.shapes.tokens(r)
         points.append({"tokens": tokens, "batch": 1, "seconds": step_of[name]})
-        if name == "long":
-            def chunked(s=s):
-                for stop in range(1, BLOCKS + 1):
-                    gen.step_blocks([s], stop)
+        if name == "long":  # the engine's path: one-block chunks of an open step
+            runner = ChunkRunner(gen, OffloadEngine(pool, HostPool(2048, PAGE)))
+
+            def chunked(s=s, runner=runner):
+                for _ in range(BLOCKS):
+                    if not runner.run_chunk([s], 1):
+                        raise RuntimeError("no room for the boundary activations")
             overhead = max(0.0, (_timed(chunked) - step_of[name]) / (BLOCKS - 1))
         gen.release(s)
     dim = gen.shapes.inner_dim

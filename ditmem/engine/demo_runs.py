@@ -44,7 +44,8 @@ def warm_up(gen, trace, pool) -> None:
         gen.release(state)
 
 
-def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dict:
+def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
+               line: int = 0) -> dict:
     """Replay ``trace`` under policy ``name`` on a fresh engine; the raw outcome (picklable).
     ``barrier``: wait on it just before the replay (parallel mode starts all together)."""
     from ditmem.engine.factory import EngineConfig, make_policy_and_cost, make_pools
@@ -63,7 +64,7 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dic
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req")
+        bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req", position=line)
     if barrier is not None:
         barrier.wait()
     t0 = time.perf_counter()
@@ -77,8 +78,9 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None) -> dic
             "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
 
 
-def _child(args, name, trace, barrier, out_queue, core) -> None:
-    """One policy in its own process (parallel mode), on CPU ``core`` when given."""
+def _child(args, name, trace, barrier, out_queue, core, line) -> None:
+    """One policy in its own process (parallel mode), on CPU ``core`` when given; its
+    progress bar on terminal ``line``."""
     import os
 
     from ditmem import models
@@ -91,7 +93,7 @@ def _child(args, name, trace, barrier, out_queue, core) -> None:
     pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
     warm_up(gen, trace, pool)
     out_queue.put((name, run_policy(gen, name, trace, args, scheduler_model(args.model, gen),
-                                    barrier)))
+                                    barrier, line)))
 
 
 def run_parallel(names, trace, args) -> dict:
@@ -106,11 +108,12 @@ def run_parallel(names, trace, args) -> dict:
     ctx = mp.get_context("spawn")
     barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
     procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue,
-                                              cores[i] if pin else None))
+                                              cores[i] if pin else None, i))
              for i, n in enumerate(names)]
     for p in procs:
         p.start()
     outcomes = dict(out_queue.get() for _ in names)
     for p in procs:
         p.join()
+    print("\n" * len(names), end="", flush=True)  # below the progress bars
     return outcomes
