@@ -178,6 +178,7 @@ def main() -> int:
             "urgent_met": sum(r["urgent_met"] for r in rs) / (n * len(rs)),
             "parks": statistics.median(r["parks"] for r in rs),
             "videos_only_s": statistics.median(r["videos_only_s"] for r in rs),
+            "waits_by_repeat_s": [r["waits_s"] for r in rs],  # urgent arrivals, in order
         }
     ratio = statistics.median(b["videos_only_s"] / s["videos_only_s"]
                               for s, b in zip(rows["step"], rows["block"], strict=True))
