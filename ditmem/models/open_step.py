@@ -68,6 +68,43 @@ def begin_advance(step: OpenStep, stop: int, num_blocks: int,
     return stop >= num_blocks or reserve_boundaries(step.states, shapes, dtype)
 
 
+def run_open_blocks(step: OpenStep, stop: int, num_blocks: int) -> bool:
+    """Run every packed batch of ``step`` through blocks ``step.block .. stop-1``. True when
+    ``stop`` is inside the step (it stays open: the states are at block ``stop`` and their
+    boundary pages do not hold these rows yet); False when the step's last block has run."""
+    for adapter, _, batch in step.groups:
+        adapter.run_blocks(batch, step.block, stop)
+    step.block = stop
+    if stop < num_blocks:
+        for s in step.states:
+            s.scalars["block"] = stop
+        mark_boundary(step.states, False)
+        return True
+    return False
+
+
+def step_predictions(step: OpenStep) -> dict[int, list[torch.Tensor]]:
+    """The transformer outputs of a step whose last block has run, per state (by ``id``),
+    in branch order."""
+    preds: dict[int, list[torch.Tensor]] = {id(s): [] for s in step.states}
+    for adapter, owners, batch in step.groups:
+        for (s, _), out in zip(owners, adapter.finish(batch), strict=True):
+            preds[id(s)].append(out)
+    return preds
+
+
+def run_step_blocks(generator, states: list[RequestState], stop: int) -> bool:
+    """``step_blocks`` for a generator with ``open_step``/``advance``/``save_boundary``: run
+    blocks up to ``stop`` and, inside the step, save the boundary into the pages. False
+    (nothing changed) when a pool has no room for the boundary."""
+    step = generator.open_step(states)
+    if not generator.advance(step, stop):
+        return False
+    if not step.finished:
+        generator.save_boundary(step)
+    return True
+
+
 def reserve_boundaries(states: list[RequestState],
                        shapes: Callable[[RequestState], dict[str, tuple[int, int]]],
                        dtype: torch.dtype) -> bool:

@@ -34,7 +34,14 @@ from ditmem.models.generator import (
     check_step_states,
     common_block,
 )
-from ditmem.models.open_step import OpenStep, begin_advance, mark_boundary
+from ditmem.models.open_step import (
+    OpenStep,
+    begin_advance,
+    mark_boundary,
+    run_open_blocks,
+    run_step_blocks,
+    step_predictions,
+)
 from ditmem.models.processor_patch import original_processors
 from ditmem.models.qwen import patch
 from ditmem.models.qwen_pipeline import check_request, decode_latents, run_pipeline
@@ -180,12 +187,7 @@ class QwenGenerator:
         nothing changed when a pool has no room for them.
         (:class:`~ditmem.models.chunked.ChunkRunner` keeps the step open between chunks
         instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
-        step = self.open_step(states)
-        if not self.advance(step, stop):
-            return False
-        if not step.finished:
-            self.save_boundary(step)
-        return True
+        return run_step_blocks(self, states, stop)
 
     @torch.no_grad()
     def open_step(self, states: list[RequestState]) -> OpenStep:
@@ -214,17 +216,9 @@ class QwenGenerator:
         if not begin_advance(step, stop, self.num_blocks, self.is_done,
                              self._boundary_shapes, self.dtype):
             return False
-        ((adapter, owners, batch),) = step.groups
-        adapter.run_blocks(batch, step.block, stop)
-        step.block = stop
-        if stop < self.num_blocks:
-            for s in step.states:
-                s.scalars["block"] = stop
-            mark_boundary(step.states, False)
+        if run_open_blocks(step, stop, self.num_blocks):
             return True
-        preds = {id(s): [] for s in step.states}
-        for (s, _), out in zip(owners, adapter.finish(batch), strict=True):
-            preds[id(s)].append(out)
+        preds = step_predictions(step)
         for s, lat in zip(step.states, step.latents, strict=True):
             qs.drop_boundary(s)
             s.put("latents", qs.solver_update(s, lat, preds[id(s)]))

@@ -40,7 +40,14 @@ from ditmem.models.generator import (
     check_step_states,
     common_block,
 )
-from ditmem.models.open_step import OpenStep, begin_advance, mark_boundary
+from ditmem.models.open_step import (
+    OpenStep,
+    begin_advance,
+    mark_boundary,
+    run_open_blocks,
+    run_step_blocks,
+    step_predictions,
+)
 from ditmem.models.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan_kv_cache import WanCrossKV, geometry_of
@@ -228,12 +235,7 @@ class WanGenerator:
         Returns ``False`` with nothing changed when a pool has no room for them.
         (:class:`~ditmem.models.chunked.ChunkRunner` keeps the step open between chunks
         instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
-        step = self.open_step(states)
-        if not self.advance(step, stop):
-            return False
-        if not step.finished:
-            self.save_boundary(step)
-        return True
+        return run_step_blocks(self, states, stop)
 
     @torch.no_grad()
     def open_step(self, states: list[RequestState]) -> OpenStep:
@@ -267,18 +269,9 @@ class WanGenerator:
         if not begin_advance(step, stop, self.num_blocks, self.is_done,
                              self._boundary_shapes, self.dtype):
             return False
-        for adapter, _, batch in step.groups:
-            adapter.run_blocks(batch, step.block, stop)
-        step.block = stop
-        if stop < self.num_blocks:
-            for s in step.states:
-                s.scalars["block"] = stop
-            mark_boundary(step.states, False)
+        if run_open_blocks(step, stop, self.num_blocks):
             return True
-        preds = {id(s): [] for s in step.states}
-        for adapter, owners, batch in step.groups:
-            for (s, _), out in zip(owners, adapter.finish(batch), strict=True):
-                preds[id(s)].append(out)
+        preds = step_predictions(step)
         for s, lat in zip(step.states, step.latents, strict=True):
             noise = preds[id(s)][0]
             if s.scalars["cfg"]:
