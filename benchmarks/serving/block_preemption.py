@@ -26,6 +26,7 @@ import time
 import torch
 
 from ditmem.engine.loop import Engine
+from ditmem.engine.profile import median_time
 from ditmem.memory import HostPool, OffloadEngine, PagePool
 from ditmem.models.chunked import ChunkRunner
 from ditmem.models.request import GenerationRequest
@@ -42,15 +43,6 @@ def generator() -> WanGenerator:
     pipe = build_pipeline()
     pipe.transformer = build_tiny_transformer(2, num_layers=BLOCKS)
     return WanGenerator(pipe, name="tiny-wan-8L", max_sequence_length=64)
-
-
-def _timed(fn, repeats=3) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measured_profile(gen) -> dict:
@@ -71,7 +63,7 @@ def measured_profile(gen) -> dict:
         r = GenerationRequest("p", seed=0, **{**shape, "num_inference_steps": 20})
         s = gen.encode(r, pool)
         gen.step([s])  # warm-up
-        step_of[name] = _timed(lambda s=s: gen.step([s]))
+        step_of[name] = median_time(lambda s=s: gen.step([s]), 3)
         tokens = gen.shapes.tokens(r)
         points.append({"tokens": tokens, "batch": 1, "seconds": step_of[name]})
         if name == "long":  # the engine's path: one-block chunks of an open step
@@ -81,7 +73,7 @@ def measured_profile(gen) -> dict:
                 for _ in range(BLOCKS):
                     if not runner.run_chunk([s], 1):
                         raise RuntimeError("no room for the boundary activations")
-            overhead = max(0.0, (_timed(chunked) - step_of[name]) / (BLOCKS - 1))
+            overhead = max(0.0, (median_time(chunked, 3) - step_of[name]) / (BLOCKS - 1))
         gen.release(s)
     dim = gen.shapes.inner_dim
     src = "measured by benchmarks/serving/block_preemption.py"

@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn()``."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -91,7 +92,7 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
         for b in batches:
             batch = states[:b]
             gen.step(batch)  # warm-up
-            secs = _median_time(lambda batch=batch: gen.step(batch), repeats)
+            secs = median_time(lambda batch=batch: gen.step(batch), repeats)
             steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
                           "seconds": secs})
             log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
@@ -120,7 +121,7 @@ def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
 
     src = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src)
-    return pool_bytes / _median_time(lambda: dst.copy_(src), 5)
+    return pool_bytes / median_time(lambda: dst.copy_(src), 5)
 
 
 def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: int,
