@@ -18,7 +18,9 @@ import importlib
 
 import torch
 
-from ditmem.ops import blockcopy, reference
+from ditmem.ops.torch_blocks import copy_blocks as copy_blocks  # the backend interface
+from ditmem.ops.torch_blocks import gather_blocks as gather_blocks
+from ditmem.ops.torch_blocks import write_blocks as write_blocks
 
 NPU_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -76,18 +78,3 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, 
         rows = torch.repeat_interleave(empty, cu[1:] - cu[:-1])
         out[rows.to(out.device)] = 0
     return out
-
-
-def write_blocks(x, cache, slot_mapping):
-    """Plain torch scatter (ditmem.ops.reference.write_blocks)."""
-    reference.write_blocks(x, cache, slot_mapping)
-
-
-def gather_blocks(cache, block_table, lens):
-    """Plain torch gather (ditmem.ops.reference.gather_blocks)."""
-    return reference.gather_blocks(cache, block_table, lens)
-
-
-def copy_blocks(src, dst, mapping):
-    """index_copy_ on one device, coalesced copy_ runs across devices (ops/blockcopy.py)."""
-    blockcopy.copy_blocks(src, dst, mapping)

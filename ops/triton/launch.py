@@ -7,7 +7,9 @@ import os
 
 import torch
 
-from ditmem.ops import blockcopy, reference
+from ditmem.ops.torch_blocks import copy_blocks as copy_blocks  # the backend interface
+from ditmem.ops.torch_blocks import gather_blocks as gather_blocks
+from ditmem.ops.torch_blocks import write_blocks as write_blocks
 
 BLOCK_M = 64
 BLOCK_N = 64
@@ -83,18 +85,3 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, 
         q, k_cache, v_cache, cu_seqlens_q.to(torch.int32), block_table.to(torch.int32),
         kv_lens.to(torch.int32), float(scale), max_q,
     )
-
-
-def write_blocks(x, cache, slot_mapping):
-    """Plain torch scatter (ditmem.ops.reference.write_blocks)."""
-    reference.write_blocks(x, cache, slot_mapping)
-
-
-def gather_blocks(cache, block_table, lens):
-    """Plain torch gather (ditmem.ops.reference.gather_blocks)."""
-    return reference.gather_blocks(cache, block_table, lens)
-
-
-def copy_blocks(src, dst, mapping):
-    """index_copy_ on one device, coalesced copy_ runs across devices (ops/blockcopy.py)."""
-    blockcopy.copy_blocks(src, dst, mapping)
