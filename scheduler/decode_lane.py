@@ -42,7 +42,6 @@ class DecodeLane:
         self.share_of_device = share
         self._heap: list[_Decode] = []
         self._seq = 0
-        self.busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -67,7 +66,6 @@ class DecodeLane:
             now += dt
             work -= dt * (1.0 - a)
             head.remaining -= dt * a
-            self.busy_s += dt * a
             if head.remaining <= 1e-12:
                 heapq.heappop(self._heap)
                 done.append((head.rid, now))
@@ -85,7 +83,6 @@ class DecodeLane:
         dt = head.remaining if until is None else max(0.0, min(head.remaining, until - now))
         now += dt
         head.remaining -= dt
-        self.busy_s += dt
         if head.remaining <= 1e-12:
             heapq.heappop(self._heap)
             return now, [(head.rid, now)]
