@@ -3,8 +3,8 @@
 A request whose last step is done gets a tiled decode job (``ditmem.models.tiled_decode``)
 and keeps its pages until the job is done. Before each iteration's plan the executor asks
 :meth:`TileRunner.pick` whether a decode tile should run instead: the same rule the
-simulator uses (``ditmem.scheduler.decode_lane.TiledDecodes``), with each tile estimated
-as an equal share of the cost model's decode time.
+simulator uses (``ditmem.scheduler.decode_lane.TiledDecodes``), with the cost model's
+per-tile estimates (equal shares of its decode time when its tile geometry differs).
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ class TileRunner:
         """Queue the decode of ``job`` (its last step is done). Raises what the model's
         decode job raises (the caller fails that request)."""
         work = decode_job(self.gen, job.state, self.tile_px, self.stride_px)
-        share = self.cost.decode_time(job.sched) / work.units
-        self._order.push(job.id, job.sched.deadline, [share] * work.units)
+        tiles = self.cost.decode_tiles(job.sched)
+        if len(tiles) != work.units:  # the profile's tile geometry is not the engine's
+            tiles = [sum(tiles) / work.units] * work.units
+        self._order.push(job.id, job.sched.deadline, tiles)
         self._jobs[job.id] = (job, work)
 
     def pick(self, now: float, deadline: float | None) -> str | None:
