@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ditmem.engine.demo_runs import decode_mode, decode_tile
+from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.report import comparison_table, run_summary
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 
@@ -46,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto (default): fifo decodes right after the last step (run to "
                         "completion), the other policies tile by tile between steps when "
                         "a decode is due first; inline / tiled: the same for every policy")
-    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
-                   help="VAE decode tiles in pixels for every policy ('none': whole)")
+    add_decode_tile_argument(p, "VAE decode tiles in pixels for every policy ('none': whole)")
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")

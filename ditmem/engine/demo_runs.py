@@ -19,10 +19,9 @@ def decode_mode(args, policy: str, gen) -> str:
 
 def decode_tile(args, gen) -> tuple[int, int] | None:
     """``--decode-tile`` for models that can tile (None for the others, or 'none')."""
-    from ditmem.engine.profile import parse_tile
     from ditmem.models.tiled_decode import supports_tiled_decode
 
-    return parse_tile(args.decode_tile) if supports_tiled_decode(gen) else None
+    return args.decode_tile if supports_tiled_decode(gen) else None
 
 
 def warm_up(gen, trace, pool) -> None:

@@ -34,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--frames", type=int, default=1, help="frames per request (video models)")
-    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
-                   help="tiled decode geometry in pixels to time (models with a tiled "
-                        "decode; 'none' to skip): writes decode_tile_px/stride_px/tile_s")
+    add_decode_tile_argument(p, "tiled decode geometry in pixels to time (models with a "
+                                "tiled decode; 'none' to skip): writes decode_tile_px/"
+                                "stride_px/tile_s")
     add_threads_argument(p)
 
 
@@ -218,6 +218,20 @@ def parse_tile(text: str) -> tuple[int, int] | None:
     return tile, stride
 
 
+def add_decode_tile_argument(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--decode-tile TILE,STRIDE`` (default 256,224; 'none'), parsed by
+    :func:`parse_tile` when the command line is read: a bad value is a usage error."""
+
+    def tile(text: str) -> tuple[int, int] | None:
+        try:
+            return parse_tile(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--decode-tile: ")) from None
+
+    p.add_argument("--decode-tile", type=tile, default="256,224", metavar="TILE,STRIDE",
+                   help=help_text)
+
+
 def main(args) -> int:
     from ditmem import models
 
@@ -229,7 +243,7 @@ def main(args) -> int:
     profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
                               pool_mb=args.pool_mb, max_batch=args.max_batch,
                               page_kb=args.page_kb, frames=args.frames,
-                              decode_tile=parse_tile(args.decode_tile))
+                              decode_tile=args.decode_tile)
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

@@ -10,7 +10,7 @@ import argparse
 import os
 
 from ditmem.engine.factory import EngineConfig, build_engine
-from ditmem.engine.profile import parse_tile
+from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
 from ditmem.server.schemas import Limits
@@ -39,10 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("auto", "inline", "tiled"), default="auto",
                    help="auto (default): fifo decodes right after the last step, the other "
                         "policies tile by tile between steps when a decode is due first")
-    p.add_argument("--decode-tile", default="256,224", metavar="TILE,STRIDE",
-                   help="VAE decode tiles in pixels ('none': whole decodes, as the stock "
-                        "pipeline by default; with tiles, images equal the stock pipeline "
-                        "with vae.enable_tiling at these sizes)")
+    add_decode_tile_argument(p, "VAE decode tiles in pixels ('none': whole decodes, as the "
+                                "stock pipeline by default; with tiles, images equal the "
+                                "stock pipeline with vae.enable_tiling at these sizes)")
     p.add_argument("--preemption", choices=("step", "block"), default="step",
                    help="pause requests between steps, or also between chunks of "
                         "transformer blocks (long video steps)")
@@ -59,7 +58,7 @@ def engine_config(args) -> EngineConfig:
                         device=args.device, slo_scale=args.slo_scale,
                         decode_workers=args.decode_workers, preemption=args.preemption,
                         decode="inline" if args.decode_workers else args.decode,
-                        decode_tile=parse_tile(args.decode_tile))
+                        decode_tile=args.decode_tile)
 
 
 def main(args) -> int:

@@ -62,3 +62,19 @@ def test_measure_profile_on_the_tiny_model():
     points = model["step"]["points"]["value"]
     assert {(p["tokens"], p["batch"]) for p in points} == {(16, 1), (16, 2), (64, 1), (64, 2)}
     assert all(p["seconds"] > 0 for p in points)
+
+
+@pytest.mark.parametrize("command", ["demo", "serve", "profile"])
+def test_bad_decode_tile_is_a_usage_error(command, capsys):
+    from ditmem.cli import build_parser
+
+    parser, _ = build_parser(command)
+    argv = [command, "--decode-tile", "250,224"] + (["--out", "x.json"] if command == "profile"
+                                                   else [])
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(argv)
+    assert exc.value.code == 2
+    assert "argument --decode-tile: TILE and STRIDE must be multiples of 16" in (
+        capsys.readouterr().err)
+    good = parser.parse_args([command] + (["--out", "x.json"] if command == "profile" else []))
+    assert good.decode_tile == (256, 224)
