@@ -1,13 +1,14 @@
 """Build ditmem: the Python packages plus the ditmem._C extension from csrc/.
 
-ops/ installs as ditmem.ops and scheduler/ as ditmem.scheduler. CUDA sources under
-csrc/cuda/ are compiled only when torch has CUDA and nvcc is present.
-Build with the installed torch: ``pip install --no-build-isolation -e .``.
+ops/ installs as ditmem.ops and scheduler/ as ditmem.scheduler. ditmem._C holds CPU kernels
+only (C++ with OpenMP); GPU kernels are Triton (ops/triton/), compiled at run time.
+Build with the installed torch: ``pip install --no-build-isolation -e .``. The flags are
+portable (``-O3``, no ``-march``); ``DITMEM_NATIVE=1`` adds ``-march=native`` for a build that
+only runs on CPUs like the one it was built on.
 """
 
 import glob
 import os
-import shutil
 
 from setuptools import find_packages, setup
 
@@ -21,33 +22,22 @@ def _packages():
     return sorted(packages), mapping
 
 
+def compile_flags(environ=os.environ) -> list[str]:
+    """C++ flags for ditmem._C: portable unless ``DITMEM_NATIVE=1``."""
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    if environ.get("DITMEM_NATIVE", "0") == "1":
+        cxx.append("-march=native")
+    return cxx
+
+
 def _extensions():
     from torch.utils import cpp_extension
 
-    sources = sorted(glob.glob("csrc/*.cpp"))
-    cuda_sources = sorted(glob.glob("csrc/cuda/*.cu"))
-    import torch
-
-    with_cuda = torch.cuda.is_available() or (
-        torch.version.cuda is not None and shutil.which("nvcc") is not None
-    )
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
-    if os.environ.get("DITMEM_NATIVE", "1") == "1":
-        cxx.append("-march=native")
-    if with_cuda and cuda_sources:
-        return [
-            cpp_extension.CUDAExtension(
-                "ditmem._C",
-                sources + cuda_sources,
-                extra_compile_args={"cxx": cxx + ["-DDITMEM_WITH_CUDA"], "nvcc": ["-O3"]},
-                extra_link_args=["-fopenmp"],
-            )
-        ], cpp_extension.BuildExtension
     return [
         cpp_extension.CppExtension(
             "ditmem._C",
-            sources,
-            extra_compile_args={"cxx": cxx},
+            sorted(glob.glob("csrc/*.cpp")),
+            extra_compile_args={"cxx": compile_flags()},
             extra_link_args=["-fopenmp"],
         )
     ], cpp_extension.BuildExtension

@@ -53,18 +53,38 @@ struct Scratch {
         seg(g.blocks_per_tile) {}
 };
 
-// Online-softmax update of rows [0, M) with n new scores each (row stride ld).
-static void softmax_update(Scratch& w, int64_t M, int64_t n, int64_t ld, int64_t dim) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < M; ++r) {
-    float* s = w.s.data() + r * ld;
-    const float mx = row_max(s, n, w.m[r]);
-    const float sum = exp_sub_sum(s, n, mx);
-    const float alpha = w.m[r] == kNegInf ? 0.f : exp_scalar(w.m[r] - mx);
-    w.l[r] = w.l[r] * alpha + sum;
-    w.m[r] = mx;
-    if (alpha != 1.f) scale_row(w.o.data() + r * dim, dim, alpha);
+// Online-softmax update of rows [0, M) with n new scores each (row stride ld), one body
+// compiled per instruction set (softmax_vec.h); softmax_update picks it at run time.
+#define DITMEM_SOFTMAX_UPDATE(NS, TARGET)                                                 \
+  TARGET static void softmax_update_##NS(Scratch& w, int64_t M, int64_t n, int64_t ld,    \
+                                         int64_t dim) {                                   \
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();                    \
+    for (int64_t r = 0; r < M; ++r) {                                                     \
+      float* s = w.s.data() + r * ld;                                                     \
+      const float mx = NS::row_max(s, n, w.m[r]);                                         \
+      const float sum = NS::exp_sub_sum(s, n, mx);                                        \
+      const float alpha = w.m[r] == kNegInf ? 0.f : exp_scalar(w.m[r] - mx);              \
+      w.l[r] = w.l[r] * alpha + sum;                                                      \
+      w.m[r] = mx;                                                                        \
+      if (alpha != 1.f) NS::scale_row(w.o.data() + r * dim, dim, alpha);                 \
+    }                                                                                     \
   }
+
+DITMEM_SOFTMAX_UPDATE(scalar, )
+#if defined(DITMEM_X86)
+DITMEM_SOFTMAX_UPDATE(avx2, DITMEM_AVX2)
+DITMEM_SOFTMAX_UPDATE(avx512, DITMEM_AVX512)
+#endif
+
+static void softmax_update(Scratch& w, int64_t M, int64_t n, int64_t ld, int64_t dim) {
+#if defined(DITMEM_X86)
+  switch (cpu_isa()) {
+    case Isa::kAvx512: return softmax_update_avx512(w, M, n, ld, dim);
+    case Isa::kAvx2: return softmax_update_avx2(w, M, n, ld, dim);
+    case Isa::kScalar: break;
+  }
+#endif
+  softmax_update_scalar(w, M, n, ld, dim);
 }
 
 // The n key (or value) rows of one tile for kv head kvh, as fp32 matrices for BLAS: one

@@ -2,13 +2,21 @@
 // and row scaling. AVX-512 and AVX2 (+FMA) paths, a scalar path otherwise. exp uses a
 // degree-6 polynomial after range reduction (relative error ~1e-7 for the x <= 0 softmax
 // arguments).
+//
+// The build is portable (no -march): each path lives in its own namespace (avx512, avx2,
+// scalar) compiled for its instruction set with target attributes, and the caller picks
+// one at run time from the CPU it runs on (cpu_isa()).
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__x86_64__) || defined(__i386__)
+#define DITMEM_X86 1
 #include <immintrin.h>
+#define DITMEM_AVX512 __attribute__((target("avx512f")))
+#define DITMEM_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
 namespace ditmem {
@@ -30,8 +38,32 @@ inline float exp_scalar(float x) {
   return std::ldexp(p, (int)n);
 }
 
-#if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+// The widest softmax path this CPU runs, decided once; DITMEM_CPU_ISA=scalar|avx2 caps it
+// (tests run every path the machine has).
+inline Isa cpu_isa() {
+#if defined(DITMEM_X86)
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    Isa best = Isa::kScalar;
+    if (__builtin_cpu_supports("avx512f")) best = Isa::kAvx512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+    const char* cap = std::getenv("DITMEM_CPU_ISA");
+    if (cap != nullptr && std::strcmp(cap, "scalar") == 0) return Isa::kScalar;
+    if (cap != nullptr && std::strcmp(cap, "avx2") == 0 && best == Isa::kAvx512)
+      return Isa::kAvx2;
+    return best;
+  }();
+  return isa;
+#else
+  return Isa::kScalar;
+#endif
+}
+
+#if defined(DITMEM_X86)
+namespace avx512 {
+DITMEM_AVX512 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -47,7 +79,7 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline float row_max(const float* s, int64_t n, float init) {
+DITMEM_AVX512 inline float row_max(const float* s, int64_t n, float init) {
   __m512 m = _mm512_set1_ps(init);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
@@ -56,7 +88,7 @@ inline float row_max(const float* s, int64_t n, float init) {
   return _mm512_reduce_max_ps(m);
 }
 
-inline float exp_sub_sum(float* s, int64_t n, float mx) {
+DITMEM_AVX512 inline float exp_sub_sum(float* s, int64_t n, float mx) {
   const __m512 vm = _mm512_set1_ps(mx);
   __m512 acc = _mm512_setzero_ps();
   int64_t j = 0;
@@ -74,14 +106,16 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
   return _mm512_reduce_add_ps(acc);
 }
 
-inline void scale_row(float* o, int64_t n, float a) {
+DITMEM_AVX512 inline void scale_row(float* o, int64_t n, float a) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) _mm512_storeu_ps(o + j, _mm512_mul_ps(_mm512_loadu_ps(o + j), va));
   for (; j < n; ++j) o[j] *= a;
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp8(__m256 x) {
+}  // namespace avx512
+
+namespace avx2 {
+DITMEM_AVX2 inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -99,7 +133,7 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-inline float row_max(const float* s, int64_t n, float init) {
+DITMEM_AVX2 inline float row_max(const float* s, int64_t n, float init) {
   __m256 m = _mm256_set1_ps(init);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
@@ -110,7 +144,7 @@ inline float row_max(const float* s, int64_t n, float init) {
   return r;
 }
 
-inline float exp_sub_sum(float* s, int64_t n, float mx) {
+DITMEM_AVX2 inline float exp_sub_sum(float* s, int64_t n, float mx) {
   const __m256 vm = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
@@ -127,13 +161,16 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
   return sum;
 }
 
-inline void scale_row(float* o, int64_t n, float a) {
+DITMEM_AVX2 inline void scale_row(float* o, int64_t n, float a) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(o + j), va));
   for (; j < n; ++j) o[j] *= a;
 }
-#else
+}  // namespace avx2
+#endif  // DITMEM_X86
+
+namespace scalar {
 inline float row_max(const float* s, int64_t n, float init) {
   for (int64_t j = 0; j < n; ++j) init = std::max(init, s[j]);
   return init;
@@ -148,6 +185,6 @@ inline float exp_sub_sum(float* s, int64_t n, float mx) {
 inline void scale_row(float* o, int64_t n, float a) {
   for (int64_t j = 0; j < n; ++j) o[j] *= a;
 }
-#endif
+}  // namespace scalar
 
 }  // namespace ditmem
