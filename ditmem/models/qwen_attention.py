@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 import torch
 
@@ -40,6 +41,10 @@ class PackedJoint:
     ``kv_lens[b]`` rows only).
     With one request the joint order is ``[text; image]`` and the blocked rows are its
     first rows, so slices replace the index ops (same values).
+    exchange: ``None``, or a sequence-parallel head exchange (``ditmem.parallel``): then
+    this rank's streams hold only its token shard, ``txt_freqs`` / ``img_freqs`` are that
+    shard's rows, and ``exchange.local_rows`` / ``to_heads`` / ``to_tokens`` move Q/K/V to
+    the whole sequence for this rank's heads before attention and back after.
     """
 
     layout: PackedLayout
@@ -50,6 +55,7 @@ class PackedJoint:
     txt_freqs: torch.Tensor
     img_freqs: torch.Tensor
     kv_blocks: torch.Tensor | None = None
+    exchange: Any = None
 
     @staticmethod
     def build(txt_lens, img_lens, txt_freqs, img_freqs, block_size, device) -> PackedJoint:
@@ -195,17 +201,23 @@ class DitmemQwenAttnProcessor:
         )
 
     def _packed(self, attn, img, txt, p: PackedJoint):
-        n_img, n_txt = p.img_pos.numel(), p.txt_pos.numel()
+        ex = p.exchange
+        n_txt, n_img = (p.txt_pos.numel(), p.img_pos.numel()) if ex is None else ex.local_rows
         q, k, v, tq, tk, tv = _project(attn, img, txt)
         q, k, v, tq, tk, tv = q[:n_img], k[:n_img], v[:n_img], tq[:n_txt], tk[:n_txt], tv[:n_txt]
         q, k = rotate(q, p.img_freqs), rotate(k, p.img_freqs)
         tq, tk = rotate(tq, p.txt_freqs), rotate(tk, p.txt_freqs)
+        if ex is not None:  # this rank's tokens, all heads -> all tokens, this rank's heads
+            (tq, tk, tv), (q, k, v) = ex.to_heads(
+                [torch.stack([tq, tk, tv], 1), torch.stack([q, k, v], 1)])
         k_blocks, v_blocks = p.to_blocks(tk, k, tv, v)
         lay = p.layout
         o = paged_attention(
             p.joint(tq, q), k_blocks, v_blocks, lay.cu_seqlens, lay.block_table, lay.kv_lens
         ).flatten(1)
         img_o, txt_o = p.split(o)
+        if ex is not None:
+            txt_o, img_o = ex.to_tokens([txt_o, img_o])
         return _out(attn, _pad_rows(img_o, img.shape[0]), _pad_rows(txt_o, txt.shape[0]))
 
     def _plain(self, attn, img, txt, mask, rope):

@@ -20,6 +20,7 @@ request's cached cross-attention pages (:mod:`ditmem.models.wan_kv_cache`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,6 +61,11 @@ class PackedAttention:
 
     layout: the video tokens' :class:`PackedLayout`; rope: their RoPE factors; text: packed
     text embeddings ``[1, T_text, dim]`` with text_layout, or ``None`` when cached is given.
+    exchange: ``None``, or a sequence-parallel head exchange (``ditmem.parallel``): then
+    the hidden rows are this rank's token shard, ``rope`` covers those rows, and the
+    processors move Q/K/V to the whole sequence for this rank's heads
+    (``exchange.to_heads``), read text K/V of those heads only (``exchange.heads``) and
+    move the output back (``exchange.to_tokens``).
     """
 
     layout: PackedLayout
@@ -67,6 +73,7 @@ class PackedAttention:
     text: torch.Tensor | None = None
     text_layout: PackedLayout | None = None
     cached: CachedTextKV | None = None
+    exchange: Any = None
 
 
 def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
@@ -144,12 +151,18 @@ class WanSelfAttention:
                 rope = RopeTable.from_wan(cos, sin)
         else:
             layout, rope = packed.layout, packed.rope
-        rows = layout.total  # packed hidden may carry padding rows after the real tokens
+        ex = None if packed is None else packed.exchange
+        # packed hidden may carry padding rows after the real tokens
+        rows = layout.total if ex is None else ex.local_rows[0]
         query, key, value = (t.flatten(0, 1)[:rows] for t in (query, key, value))
         if rope is not None:
             query, key = apply_rope(query, rope), apply_rope(key, rope)
+        if ex is not None:  # this rank's tokens, all heads -> all tokens, this rank's heads
+            ((query, key, value),) = ex.to_heads([torch.stack([query, key, value], 1)])
         out = paged_attention(query, _blocked(layout, key), _blocked(layout, value),
                               layout.cu_seqlens, layout.block_table, layout.kv_lens)
+        if ex is not None:
+            (out,) = ex.to_tokens([out])
         return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)
 
 
@@ -173,15 +186,23 @@ class WanCrossAttention:
             text = encoder_hidden_states
         else:
             q_layout, kv_layout, text = packed.layout, packed.text_layout, packed.text
+        ex = None if packed is None else packed.exchange
+        heads = slice(None) if ex is None else ex.heads
         if packed is not None and packed.cached is not None:
             k_cache, v_cache, table = packed.cached.views[self.layer]
+            k_cache, v_cache = k_cache[:, :, heads], v_cache[:, :, heads]
             kv_lens = packed.cached.kv_lens
         else:
             key, value = text_kv(attn, text)
+            key, value = key[..., heads, :], value[..., heads, :]
             k_cache = _blocked(kv_layout, key.flatten(0, 1)[: kv_layout.total])
             v_cache = _blocked(kv_layout, value.flatten(0, 1)[: kv_layout.total])
             table, kv_lens = kv_layout.block_table, kv_layout.kv_lens
-        flat_q = query.flatten(0, 1)[: q_layout.total]
+        flat_q = query.flatten(0, 1)[: q_layout.total if ex is None else ex.local_rows[0]]
+        if ex is not None:
+            ((flat_q,),) = ex.to_heads([flat_q[:, None]])
         out = paged_attention(flat_q, k_cache, v_cache, q_layout.cu_seqlens, table, kv_lens)
+        if ex is not None:
+            (out,) = ex.to_tokens([out])
         return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)
 
