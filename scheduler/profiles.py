@@ -31,6 +31,12 @@ forward), ``activation_bytes_per_token`` and ``activation_bytes_per_request`` (b
 activations of a step paused between blocks, CFG branches included). Absent model numbers
 come from the model geometry (``ditmem.scheduler.models``).
 
+Optional node sections (``ditmem sim --devices D``; format and checks in
+``ditmem.scheduler.node.speedup``): ``"parallel"`` — per model ``{"tokens": [ascending],
+"speedup": {"1": [...], "2": [...], ...}, "source": "..."}`` (step time at degree 1 / at
+degree d, per token count) — and ``"links"`` — ``{"device_bytes_per_s", "host_bytes_per_s",
+"source"}``.
+
 ``step`` of kind ``"flops"`` (analytic, from public numbers): ``flops_points`` — a list of
 ``[tokens, TFLOP per forward per CFG branch, attention share]``; ``cfg_passes``;
 ``effective_tflops`` (sustained TFLOP/s on large shapes); ``step_floor_s`` (fixed per-step
@@ -66,6 +72,9 @@ MODEL_NUMBERS = (
     "max_batch",
 )
 OPTIONAL_TOP = ("chunk_overhead_s", "page_bytes")
+#: Sections kept as given (validated by ``ditmem.scheduler.node.speedup``): the parallel
+#: speed-up table per model and the device-to-device / host link bandwidths of a node.
+NODE_SECTIONS = ("parallel", "links")
 OPTIONAL_MODEL = (
     "blocks",
     "activation_bytes_per_token",
@@ -108,6 +117,9 @@ def parse_profile(data: dict, origin: str = "<profile>") -> dict:
     for key in OPTIONAL_TOP:
         if key in data:
             out[key] = float(_sourced(data, key, origin))
+    for key in NODE_SECTIONS:
+        if key in data:
+            out[key] = data[key]
     models = data.get("models")
     if not isinstance(models, dict) or not models:
         raise ProfileError(f"{origin}.models: at least one model is required")

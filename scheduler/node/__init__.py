@@ -1,0 +1,1 @@
+"""ditmem.scheduler.node — the scheduler and simulator for a node of D devices."""
