@@ -8,6 +8,11 @@ plan's batch computes; their device pages free once the copy lands (``settle``).
 plan runs the step again it is resumed (the copy cancelled if still in flight, else restored
 into any free pages) and continues from its block. Statuses tell the policy
 ``blocks_done``, ``step_group`` and where the activations are.
+
+A chunk of k blocks runs one block at a time on the open step (no boundary is written in
+between, so this costs nothing); after each block ``interrupt(ids)`` is asked whether one of
+the requests was cancelled or the engine is stopping, and the chunk ends there: a cancel
+takes effect at the next block boundary, not after the whole step.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from ditmem.scheduler import Location
 class BlockSteps:
     """The executor's part for block preemption: chunk runs, parking, resuming."""
 
-    def __init__(self, generator, offloader, clock):
+    def __init__(self, generator, offloader, clock, interrupt=None):
         self.gen = generator
+        self.interrupt = interrupt  # ids -> bool; None: chunks always run whole
         self.runner = ChunkRunner(generator, offloader)
         self.clock = clock
         # group (sorted ids) -> its park, or None when the activations stayed in device
@@ -76,12 +82,13 @@ class BlockSteps:
         states = [j.state for j in jobs]
         start = self.gen.block(states[0])
         t0 = self.clock()
-        if not self.runner.run_chunk(states, k):
+        if not self._run_blocks(jobs, states, k):
             self.gen.step(states)
         dt = self.clock() - t0
         done = self.gen.block(states[0])
         group = tuple(sorted(j.id for j in jobs)) if done else ()
         for j in jobs:
+            j.peak_pages = max(j.peak_pages, int(j.state.num_pages))
             j.timing.running_s += dt
             j.status.blocks_done = done
             j.status.step_group = group
@@ -89,6 +96,19 @@ class BlockSteps:
             if done == 0:
                 j.timing.steps_run += 1
         return dt, (done or self.gen.num_blocks) - start
+
+    def _run_blocks(self, jobs: list, states: list, k: int) -> bool:
+        """Up to ``k`` blocks, one at a time, stopping early when ``interrupt`` says so;
+        False (nothing run) when the pool has no room for the boundary activations."""
+        if self.interrupt is None:
+            return self.runner.run_chunk(states, k)
+        ids = [j.id for j in jobs]
+        for i in range(k):
+            if not self.runner.run_chunk(states, 1):
+                return i > 0  # later blocks cannot fail for room: the step stays open
+            if self.gen.block(states[0]) == 0 or self.interrupt(ids):
+                return True
+        return True
 
     def forget(self, job) -> None:
         """Before ``job``'s pages are freed: drop any park it belongs to (its partners keep

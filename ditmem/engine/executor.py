@@ -35,12 +35,14 @@ class PlanExecutor:
         self.offloader = OffloadEngine(engine.pool, engine.host, mode=offload_mode)
         self.stages = Stages(engine.gen, engine.pool, self.offloader, engine.clock,
                              engine.decode_tile)
-        self.blocks = (BlockSteps(engine.gen, self.offloader, engine.clock)
+        self.blocks = (BlockSteps(engine.gen, self.offloader, engine.clock,
+                                  engine.intake.wants_stop)
                        if engine.preemption == "block" else None)
         self.waiting = WaitingQueue()
         self.jobs: dict[str, Job] = {}       # waiting jobs by id
         self.active: dict[str, Job] = {}     # started jobs, in admission order
         self.last_batch: tuple[str, ...] = ()
+        self.held: set[str] = set()          # ids the current iteration's plan names
         self._blocks_run: int | None = None
         self.stats = EngineStats()
         # decode off the step loop (worker threads, earliest deadline first), results handed
@@ -94,7 +96,9 @@ class PlanExecutor:
             self.publish()
             return False
         t0 = self.engine.clock()
+        self.held = set()
         plan = self.engine.policy.schedule(t0, self.view())
+        self.held = {*plan.batch, *plan.admit, *plan.restore, *plan.offload}
         self.stats.schedule_s += self.engine.clock() - t0
         self.stats.iterations += 1
         if self.tiles is not None and self._run_due_tile(plan):
@@ -120,6 +124,7 @@ class PlanExecutor:
         if batch and self.blocks is not None and not self.blocks.resume(batch):
             batch = []  # no room to bring its activations back: the policy sees the pool
         if batch:
+            self.publish(stepping=[j.id for j in batch])  # live while the step runs
             self._step(batch, report, plan.blocks)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
@@ -128,6 +133,19 @@ class PlanExecutor:
             observe(report)
         self.publish()
         return bool(pending or batch or report.encode_s or report.transfer_s)
+
+    def fail_held(self, error_of) -> list[str]:
+        """After an iteration raised: fail the jobs its plan named (``error_of(job_id)`` is
+        the exception each future gets), releasing their pages. Returns their ids."""
+        failed = []
+        for job_id in sorted(self.held):
+            job = self.active.get(job_id) or self.jobs.get(job_id)
+            if job is not None and job.phase is not Phase.DONE:
+                self.finish(job, error=error_of(job_id))
+                failed.append(job_id)
+        self.held = set()
+        self.last_batch = tuple(i for i in self.last_batch if i in self.active)
+        return failed
 
     def _ids(self, ids) -> list[Job]:
         return [self.active[i] for i in ids if i in self.active]
@@ -277,6 +295,8 @@ class PlanExecutor:
     def finish(self, job: Job, *, output=None, error: Exception | None = None) -> None:
         """Release the job's pages, deliver its result or error, forget it."""
         started = job.phase is Phase.ACTIVE
+        if job.state is not None:
+            job.peak_pages = max(job.peak_pages, job.pages_needed, state_pages(job.state))
         if self.blocks is not None:
             self.blocks.forget(job)
         self.stages.release(job)
@@ -291,7 +311,8 @@ class PlanExecutor:
             self.engine._exact.forget(job.id)
         if error is None:
             result = GenerationResult(job.id, job.sched.priority, job.ticket.slo_ms,
-                                      job.timing, output)
+                                      job.timing, output,
+                                      job.peak_pages * self.engine.pool.page_bytes)
             self.stats.completed += 1
             met = self.stats.slo_met if result.slo_met else self.stats.slo_missed
             met[job.sched.priority] += 1
@@ -305,11 +326,14 @@ class PlanExecutor:
                 self.stats.failed += 1
             job.ticket.future.set_exception(error)
 
-    def publish(self) -> None:
+    def publish(self, stepping: list[str] | None = None) -> None:
+        """Hand the stats to other threads; ``stepping``: the batch about to run (counted
+        as running; else the last batch)."""
         s = self.stats.copy()
-        s.running = sum(1 for j in self.active.values() if j.id in self.last_batch)
+        running = self.last_batch if stepping is None else stepping
+        s.running = sum(1 for j in self.active.values() if j.id in running)
         s.running += len(self.decoding)
-        s.paused = sum(1 for j in self.active.values() if j.id not in self.last_batch)
+        s.paused = sum(1 for j in self.active.values() if j.id not in running)
         s.offloaded = sum(1 for j in self.active.values() if j.status.location is Location.HOST)
         s.pages_used = self.engine.pool.num_used_pages
         s.pages_free = self.engine.pool.num_free_pages

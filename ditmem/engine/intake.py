@@ -26,6 +26,7 @@ class Intake:
         self.stats = EngineStats()
         self.draining = False
         self.stopping = False
+        self.dead: str | None = None
         self.signals = 0
 
     def push(self, job: Job, max_queued: int) -> bool:
@@ -49,6 +50,15 @@ class Intake:
             self.wake.notify()
             return True
 
+    def wants_stop(self, request_ids) -> bool:
+        """True when one of ``request_ids`` has a cancel waiting or the engine is stopping
+        (the engine thread checks this between blocks of a long step)."""
+        with self.lock:
+            if self.stopping:
+                return True
+            ids = set(request_ids)
+            return any(job_id in ids for job_id, _ in self.cancels)
+
     def take(self) -> tuple[list[Job], list[tuple[str, str]]]:
         """Everything submitted or cancelled since the last call (engine thread)."""
         with self.lock:
@@ -65,7 +75,7 @@ class Intake:
     def wait(self, timeout: float | None) -> None:
         """Block the engine thread until something arrives or ``timeout`` passes."""
         with self.lock:
-            if not (self.new or self.cancels or self.stopping or self.signals):
+            if not (self.new or self.cancels or self.stopping or self.signals or self.dead):
                 self.wake.wait(timeout)
             self.signals = 0
 
@@ -83,6 +93,7 @@ class Intake:
     def publish(self, stats: EngineStats) -> None:
         with self.lock:
             stats.draining = self.draining
+            stats.dead = self.dead
             stats.rejected = self.stats.rejected
             stats.queued = self.queued
             self.stats = stats
@@ -90,5 +101,5 @@ class Intake:
     def snapshot(self) -> EngineStats:
         with self.lock:
             s = self.stats.copy()
-            s.queued, s.draining = self.queued, self.draining
+            s.queued, s.draining, s.dead = self.queued, self.draining, self.dead
             return s

@@ -24,8 +24,9 @@ class Phase(str, Enum):
 class Job:
     """One submitted request: what was asked (``gen`` for the model, ``sched`` the
     scheduler's ``Request``), its pages (``state``, a ``RequestState`` while ACTIVE), the
-    scheduler's ``status`` (a ``RequestStatus`` while ACTIVE), timing and the ticket whose
-    future gets the result."""
+    scheduler's ``status`` (a ``RequestStatus`` while ACTIVE), timing, the most pages its
+    state held (``peak_pages``, device or host) and the ticket whose future gets the
+    result."""
 
     gen: GenerationRequest
     sched: Any
@@ -36,6 +37,7 @@ class Job:
     state: Any = None
     status: Any = None
     cancel_reason: str | None = None
+    peak_pages: int = 0
     extra: dict = field(default_factory=dict)
 
     @property

@@ -4,23 +4,35 @@ Each iteration: take new submissions and cancellations, show the policy a
 ``SchedulerView``, execute its ``StepPlan`` (offload -> restore -> admit/encode -> one packed
 step -> decode the finished), record timings, hand results to the requests' futures. Other
 threads only call :meth:`Engine.submit`, :meth:`cancel`, :meth:`stats`, :meth:`progress`,
-:meth:`drain` and :meth:`stop`.
+:meth:`status`, :meth:`backlog_s`, :meth:`drain` and :meth:`stop`.
+
+Health: an iteration that raises (outside one request's stage, which the executor already
+confines to that request) is logged, the requests its plan held fail with
+:class:`EngineFault` (503 to their clients, with the reason) and the loop goes on. A
+failure it cannot survive — failing those requests raises too, or ``max_failures``
+iterations in a row raise — marks the engine dead: every live request fails with
+``EngineFault``, submissions raise ``EngineStopped``, ``stats().dead`` gives the reason.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 
 from ditmem.engine.executor import PlanExecutor
 from ditmem.engine.intake import Intake
-from ditmem.engine.jobs import Job
+from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import (
+    EngineFault,
     EngineStopped,
+    InvalidRequest,
     QueueFull,
     RequestCancelled,
     RequestTooLarge,
     Ticket,
+    TooSlow,
 )
 from ditmem.engine.timing import Timing
 from ditmem.models.request import GenerationRequest
@@ -28,6 +40,11 @@ from ditmem.scheduler import Request
 
 #: (tile, stride) pixels of a tiled decode when none is given.
 DEFAULT_DECODE_TILE = (256, 224)
+#: iterations in a row that may raise before the engine counts as dead
+MAX_FAILURES = 3
+
+log = logging.getLogger(__name__)
+_FIELD = re.compile(r"^request\.(\w+):")
 
 
 def check_decode(generator, decode: str, decode_workers: int, decode_tile) -> None:
@@ -87,6 +104,7 @@ class Engine:
         self.decode_workers = decode_workers
         self.decode = decode
         self.decode_tile = tuple(decode_tile) if decode_tile is not None else None
+        self.max_failures = MAX_FAILURES
         self.intake = Intake()
         self.executor = PlanExecutor(self, offload_mode)
         self._listeners: list = []
@@ -94,18 +112,30 @@ class Engine:
 
     # ------------------------------------------------------------------ other threads
     def submit(self, request: GenerationRequest, *, priority: int = 1,
-               slo_ms: float | None = None, arrival: float | None = None) -> Ticket:
-        """Queue a request; returns its :class:`Ticket` at once.
+               slo_ms: float | None = None, arrival: float | None = None,
+               max_standalone_s: float | None = None) -> Ticket:
+        """Queue a request; returns its :class:`Ticket` at once. May tokenize the prompt
+        (page estimate): call it off an event loop.
 
         Raises ``RequestTooLarge`` (its state needs more pages than the whole pool),
-        ``QueueFull`` (``max_queued`` waiting; ``retry_after_s`` estimated),
-        ``EngineStopped`` (draining or stopped) and ``ValueError`` for bad fields.
+        ``InvalidRequest`` (the model's shape rules refuse it; names the field),
+        ``TooSlow`` (the cost model's standalone estimate is over ``max_standalone_s``),
+        ``QueueFull`` (``max_queued`` waiting; ``retry_after_s``: the backlog's seconds of
+        work), ``EngineStopped`` (draining, stopped or dead) and ``ValueError`` for a
+        missing request id.
         """
+        if self.intake.dead is not None:
+            raise EngineStopped(f"the engine is dead ({self.intake.dead}); restart the server")
         if self.intake.draining or self.intake.stopping:
             raise EngineStopped("the server is shutting down and takes no new requests")
         if not request.request_id:
             raise ValueError("request_id: must be a non-empty string")
-        need = int(self.gen.estimate_pages(request, self.pool.page_bytes))
+        try:
+            need = int(self.gen.estimate_pages(request, self.pool.page_bytes))
+        except ValueError as exc:
+            match = _FIELD.match(str(exc))
+            raise InvalidRequest(str(exc).removeprefix("request."),
+                                 match.group(1) if match else None) from None
         if need > self.pool.num_pages:
             raise RequestTooLarge(
                 f"size: a {request.width}x{request.height}x{request.num_frames} request needs "
@@ -118,6 +148,11 @@ class Engine:
                         priority=priority, slo_ms=slo_ms, prompt=request.prompt,
                         seed=request.seed)
         self.cost.assign_deadline(sched, self.slo_scale)
+        if max_standalone_s is not None and sched.standalone_s > max_standalone_s:
+            raise TooSlow(f"request: estimated {sched.standalone_s:.1f} s alone on this device "
+                          f"(cost model), over the server's limit of {max_standalone_s:g} s "
+                          "(--max-request-s): ask for fewer steps, pixels or frames",
+                          sched.standalone_s, max_standalone_s)
         slo = 1000.0 * (sched.deadline - sched.arrival)
         ticket = Ticket(request.request_id, priority, slo)
         job = Job(gen=request, sched=sched, ticket=ticket, timing=Timing(arrival=now),
@@ -127,9 +162,26 @@ class Engine:
         if not self.intake.push(job, self.max_queued):
             if self._exact is not None:
                 self._exact.forget(job.id)
-            raise QueueFull(f"{self.max_queued} requests are already waiting; retry later",
-                            retry_after_s=max(1.0, sched.standalone_s or 1.0))
+            backlog = self.backlog_s()
+            raise QueueFull(f"{self.max_queued} requests are already waiting "
+                            f"(~{backlog:.0f} s of work); retry later",
+                            retry_after_s=max(1.0, backlog))
         return ticket
+
+    def backlog_s(self) -> float:
+        """Seconds of work queued and running, by the cost model (each request alone:
+        batching only makes it shorter)."""
+        with self.intake.lock:
+            jobs = list(self.intake.live.values())
+        total = 0.0
+        for job in jobs:
+            status = job.status
+            if status is None:
+                total += job.sched.standalone_s or 0.0
+            else:
+                total += self.cost.remaining_time(job.sched, status.steps_done,
+                                                  status.blocks_done)
+        return total
 
     def cancel(self, request_id: str, reason: str = "cancelled by the client") -> bool:
         """Cancel a queued or running request: its future raises ``RequestCancelled`` and
@@ -137,13 +189,28 @@ class Engine:
         return self.intake.cancel(request_id, reason)
 
     def progress(self, request_id: str) -> float | None:
-        """Fraction of denoising steps done (0..1), None when unknown or finished."""
+        """Fraction of denoising steps done (0..1, blocks of a part-done step counted),
+        None when unknown or finished. Updated by the engine thread as each step or chunk
+        of blocks ends."""
         with self.intake.lock:
             job = self.intake.live.get(request_id)
         if job is None:
             return None
         status = job.status
-        return 0.0 if status is None else status.steps_done / max(1, job.sched.steps)
+        if status is None:
+            return 0.0
+        blocks = getattr(self.gen, "num_blocks", 0) or 0
+        part = status.blocks_done / blocks if blocks else 0.0
+        return min(1.0, (status.steps_done + part) / max(1, job.sched.steps))
+
+    def status(self, request_id: str) -> str | None:
+        """"queued" (waiting to start), "in_progress" (started: encoded, stepping, paused
+        or decoding) or None when unknown or finished."""
+        with self.intake.lock:
+            job = self.intake.live.get(request_id)
+        if job is None:
+            return None
+        return "queued" if job.phase is Phase.WAITING else "in_progress"
 
     def stats(self):
         """An ``EngineStats`` snapshot."""
@@ -161,7 +228,8 @@ class Engine:
         return self
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Stop intake, finish what was submitted, stop the thread. True when all finished."""
+        """Stop intake, finish what was submitted, stop the thread. True when all finished;
+        False when ``timeout`` passed first (the rest is then cancelled) or the engine died."""
         with self.intake.lock:
             self.intake.draining = True
             self.intake.wake.notify()
@@ -175,7 +243,7 @@ class Engine:
                 return False
             time.sleep(0.01)
         self.stop()
-        return True
+        return self.intake.dead is None
 
     def stop(self) -> None:
         """Stop now: whatever is unfinished is cancelled (pages freed)."""
@@ -190,15 +258,69 @@ class Engine:
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         ex = self.executor
-        while True:
-            worked = ex.iterate()
-            if self.intake.stopping and not ex.has_work():
-                ex.take_intake()
-                if not ex.has_work():
-                    break
-            if not worked:
-                self.intake.wait(self.idle_wait_s if ex.has_work() else None)
-        ex.close()
+        failures = 0
+        try:
+            while True:
+                try:
+                    worked = ex.iterate()
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - the loop survives one iteration
+                    failures += 1
+                    self._fail_iteration(exc, failures)
+                    worked = True
+                if self.intake.stopping and not ex.has_work():
+                    ex.take_intake()
+                    if not ex.has_work():
+                        break
+                if not worked:
+                    self.intake.wait(self.idle_wait_s if ex.has_work() else None)
+        except BaseException as exc:  # noqa: BLE001 - dead: say why, fail everyone
+            self._die(exc)
+        try:
+            ex.close()
+        except Exception:  # noqa: BLE001
+            log.exception("engine: closing the executor failed")
+
+    def _fail_iteration(self, exc: Exception, failures: int) -> None:
+        """Log a failed iteration and fail the requests it held; raise when the engine
+        cannot go on (too many failures in a row)."""
+        held = sorted(self.executor.held)
+        log.error("engine iteration failed (%d in a row), requests held: %s",
+                  failures, ", ".join(held) or "none", exc_info=exc)
+        reason = f"engine iteration failed: {exc!r}"
+        failed = self.executor.fail_held(lambda rid: EngineFault(f"{rid}: {reason}"))
+        for rid in failed:
+            log.warning("request %s failed: %s", rid, reason)
+        self.executor.publish()
+        if failures >= self.max_failures:
+            raise RuntimeError(f"{failures} iterations in a row failed; last: {exc!r}")
+
+    def _die(self, exc: BaseException) -> None:
+        """Mark the engine dead and fail every live request (pages released where the
+        executor still can)."""
+        reason = repr(exc)
+        log.critical("engine dead: %s", reason, exc_info=exc)
+        with self.intake.lock:
+            self.intake.dead = reason
+            self.intake.stopping = True
+            self.intake.new.clear()
+            live = list(self.intake.live.values())
+        ex = self.executor
+        for job in live:
+            error = EngineFault(f"{job.id}: the engine died ({reason})")
+            try:
+                if job.id not in ex.jobs and job.id not in ex.active:
+                    ex.jobs[job.id] = job  # submitted but never taken in
+                ex.finish(job, error=error)
+            except Exception:  # noqa: BLE001 - the client still gets its answer
+                log.exception("engine: releasing %s failed", job.id)
+                self.intake.forget(job, started=job.phase is Phase.ACTIVE)
+                if not job.ticket.future.done():
+                    job.ticket.future.set_exception(error)
+        try:
+            ex.publish()
+        except Exception:  # noqa: BLE001
+            log.exception("engine: publishing stats failed")
 
     def _notify_step(self, seconds: float, batch: int) -> None:
         for listener in self._listeners:

@@ -37,9 +37,26 @@ class QueueFull(SubmitError):
 
 
 class EngineStopped(SubmitError):
-    """The engine is draining or stopped and takes no new work."""
+    """The engine is draining, stopped or dead and takes no new work."""
 
     status = 503
+
+
+class InvalidRequest(SubmitError):
+    """The model cannot run the request as asked (a shape rule of the model, e.g. Wan's
+    ``num_frames`` of 4k+1); ``field`` names the offending field."""
+
+    status = 400
+
+
+class TooSlow(SubmitError):
+    """The request's standalone time on this device is over the server's limit."""
+
+    status = 400
+
+    def __init__(self, message: str, estimate_s: float, limit_s: float):
+        super().__init__(message, "request")
+        self.estimate_s, self.limit_s = estimate_s, limit_s
 
 
 class RequestCancelled(Exception):
@@ -48,6 +65,12 @@ class RequestCancelled(Exception):
 
 class RequestFailed(Exception):
     """Set on a request's future when one of its stages raised; other requests go on."""
+
+
+class EngineFault(RequestFailed):
+    """Set on the futures of the requests an engine iteration held when the iteration
+    itself raised (not one request's stage), and on every live request when the engine
+    died. The engine, not the request, is at fault: clients get 503 with the reason."""
 
 
 @dataclass(slots=True)
@@ -60,6 +83,7 @@ class GenerationResult:
     slo_ms: float
     timing: Timing
     output: np.ndarray
+    peak_bytes: int = 0
 
     @property
     def slo_met(self) -> bool:

@@ -13,7 +13,8 @@ class EngineStats:
     ``preemptions`` (a request that stepped in one iteration and not in the next while
     unfinished), ``steps`` (packed step batches), ``iterations`` and ``schedule_s`` (time
     spent in ``policy.schedule``), finished requests by outcome, and SLO
-    met/missed per priority 0/1/2 among completed requests."""
+    met/missed per priority 0/1/2 among completed requests; ``dead``: why the engine
+    stopped serving after a failure it could not survive (None while healthy)."""
 
     queued: int = 0
     running: int = 0
@@ -35,6 +36,7 @@ class EngineStats:
     slo_met: list[int] = field(default_factory=lambda: [0, 0, 0])
     slo_missed: list[int] = field(default_factory=lambda: [0, 0, 0])
     draining: bool = False
+    dead: str | None = None
 
     def copy(self) -> EngineStats:
         return replace(self, slo_met=list(self.slo_met), slo_missed=list(self.slo_missed))
