@@ -77,6 +77,7 @@ setup(
         "triton": ["triton"],
         "npu": ["torch_npu"],
         "nvtx": ["nvtx"],
+        "ray": ["ray[serve]>=2.40"],
     },
     entry_points={"console_scripts": ["ditmem=ditmem.cli:main"]},
 )
