@@ -21,9 +21,17 @@ class CostModel:
     """Step/encode/decode time, memory per request and host-link time from a device profile.
 
     Build with ``CostModel.load("h200")`` (a shipped profile) or ``CostModel.load(path)``.
-    All times are seconds, all sizes bytes. ``observe`` folds measured step times into a
-    per-model correction factor (an exponential moving average of measured / predicted), so
-    an engine running on a device that differs from its profile converges to its real speed.
+    All times are seconds, all sizes bytes. ``observe`` folds measured times into
+    correction factors (exponential moving averages of measured / predicted), so an engine
+    running on a device that differs from its profile converges to its real speed:
+
+    * steps: one factor per model, and one per *shape class* (model, total tokens of the
+      batch in half-octaves) — a class not yet measured uses its model's factor;
+    * encodes: one factor per model; decodes: one per (model, megapixels in half-octaves);
+    * host-link transfers: one factor.
+
+    Every prediction (step, encode, decode, transfer, standalone and remaining times)
+    includes its factor; the bound's ``*_share`` lower bounds use the model's step factor.
     """
 
     def __init__(self, profile: dict, *, correction_alpha: float = 0.1):
@@ -32,8 +40,10 @@ class CostModel:
         self._models = profile["models"]
         self._steps = {m: make_step_model(sec["step"]) for m, sec in self._models.items()}
         self._correction = dict.fromkeys(self._models, 1.0)
+        self._classes: dict[tuple, float] = {}
         self._alpha = correction_alpha
         self._cache: dict[tuple, float] = {}
+        self._decode_cache: dict[tuple, list[float]] = {}
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> CostModel:
@@ -71,7 +81,13 @@ class CostModel:
         if base is None:
             base = self._steps[model].seconds(list(tokens)) if tokens else 0.0
             self._cache[key] = base
-        return base * self._correction[model]
+        return base * self.step_correction(model, tokens)
+
+    def step_correction(self, model: str, tokens: Sequence[int]) -> float:
+        """The measured/predicted factor applied to a step of ``tokens`` (its shape class's,
+        else its model's)."""
+        factor = self._classes.get(("step", model, _octave_bucket(sum(tokens))))
+        return self._correction[model] if factor is None else factor
 
     def min_step_share(self, model: str, tokens: int) -> float:
         """A lower bound on one request's share of any packed step it is part of (s), from
@@ -93,7 +109,8 @@ class CostModel:
 
     def encode_time(self, request: Request) -> float:
         """Seconds to encode the prompt (once, when the request starts)."""
-        return float(self._model(request.model)["encode_s"])
+        base = float(self._model(request.model)["encode_s"])
+        return base * self._classes.get(("encode", request.model), 1.0)
 
     def decode_time(self, request: Request) -> float:
         """Seconds for the VAE decode after the last step (all its tiles, if it tiles)."""
@@ -104,6 +121,11 @@ class CostModel:
         a tile geometry (``decode_tile_px``, ``decode_stride_px``, ``decode_tile_s``) and
         the image is larger than a tile, one per spatial tile (an edge tile costs its share
         of a full tile's pixels)."""
+        base = self._decode_tiles_base(request)
+        factor = self._classes.get(("decode", request.model, _decode_bucket(request)), 1.0)
+        return base if factor == 1.0 else [t * factor for t in base]
+
+    def _decode_tiles(self, request: Request) -> list[float]:
         sec = self._model(request.model)
         tile = sec.get("decode_tile_px")
         if tile is None or (request.width <= tile and request.height <= tile):
@@ -209,20 +231,89 @@ class CostModel:
 
     def transfer_time(self, nbytes: float) -> float:
         """Seconds to copy ``nbytes`` over the device–host link (one direction)."""
-        return nbytes / self.profile["host_link_bytes_per_s"]
+        factor = self._classes.get(("transfer",), 1.0)
+        return nbytes / self.profile["host_link_bytes_per_s"] * factor
 
     # ---- feedback ---------------------------------------------------------------------
     def observe(self, report: StepReport) -> None:
-        """Fold a measured step time into the model's correction factor."""
-        if not report.batch or report.step_s <= 0:
-            return
-        predicted = self.step_time(report.model, report.tokens) / self._correction[report.model]
+        """Fold what an iteration measured into the correction factors (class docstring):
+        the step (``step_s`` against the prediction for ``tokens``, per shape class), the
+        encodes of ``report.encoded``, the decodes of ``report.decoded`` and the transfer of
+        ``report.transfer_bytes`` (each only when both its measurement and prediction are
+        positive)."""
+        if report.batch and report.step_s > 0:
+            self._observe_step(report)
+        if report.encoded and report.encode_s > 0:
+            base = sum(float(self._model(r.model)["encode_s"]) for r in report.encoded)
+            self._fold(("encode", report.encoded[0].model), report.encode_s, base)
+        if report.decoded and report.decode_s > 0:
+            self._observe_decodes(report)
+        if report.transfer_bytes > 0 and report.transfer_s > 0:
+            base = report.transfer_bytes / self.profile["host_link_bytes_per_s"]
+            self._fold(("transfer",), report.transfer_s, base)
+
+    def _observe_step(self, report: StepReport) -> None:
+        model, tokens = report.model, report.tokens
+        self._model(model)
+        base = self._cache.get((model, tuple(sorted(tokens))))
+        if base is None:
+            base = self._steps[model].seconds(list(tokens))
         if report.blocks is not None:
-            predicted *= report.blocks / self.blocks(report.model)
-        ratio = report.step_s / predicted
-        old = self._correction[report.model]
-        self._correction[report.model] = (1 - self._alpha) * old + self._alpha * ratio
+            base *= report.blocks / self.blocks(model)
+        if base <= 0:
+            return
+        ratio = report.step_s / base
+        key = ("step", model, _octave_bucket(sum(tokens)))
+        old = self._classes.get(key, self._correction[model])
+        self._classes[key] = (1 - self._alpha) * old + self._alpha * ratio
+        old = self._correction[model]
+        self._correction[model] = (1 - self._alpha) * old + self._alpha * ratio
+
+    def _observe_decodes(self, report: StepReport) -> None:
+        """One class per iteration's decodes (they are reported as one sum): the class of
+        the largest, when they differ."""
+        decoded = report.decoded
+        base = sum(sum(self._decode_tiles_base(r)) for r in decoded)
+        largest = max(decoded, key=lambda r: r.width * r.height * r.frames)
+        self._fold(("decode", largest.model, _decode_bucket(largest)), report.decode_s, base)
+
+    def _decode_tiles_base(self, request: Request) -> list[float]:
+        key = (request.model, request.width, request.height, request.frames)
+        base = self._decode_cache.get(key)
+        if base is None:
+            base = self._decode_cache[key] = self._decode_tiles(request)
+        return base
+
+    def _fold(self, key: tuple, measured: float, predicted: float) -> None:
+        if predicted <= 0:
+            return
+        old = self._classes.get(key, 1.0)
+        self._classes[key] = (1 - self._alpha) * old + self._alpha * measured / predicted
 
     def correction(self, model: str) -> float:
-        """Current measured/predicted step-time factor for ``model`` (1.0 before feedback)."""
+        """Current measured/predicted step-time factor for ``model`` over all its shape
+        classes (1.0 before feedback)."""
         return self._correction[model]
+
+    def corrections(self) -> dict[str, float]:
+        """Every correction factor learned so far, by a readable key ("step qwen-image
+        2^12.0", "encode qwen-image", "decode qwen-image 2^0.0 MP", "transfer")."""
+        out = {f"step {m}": f for m, f in self._correction.items()}
+        for key, factor in sorted(self._classes.items(), key=str):
+            kind = key[0]
+            if kind == "step":
+                out[f"step {key[1]} 2^{key[2] / 2:.1f} tokens"] = factor
+            elif kind == "decode":
+                out[f"decode {key[1]} 2^{key[2] / 2:.1f} MP"] = factor
+            else:
+                out[" ".join(str(k) for k in key)] = factor
+        return out
+
+
+def _octave_bucket(value: float) -> int:
+    """Half-octave class of a positive size (0 for nothing)."""
+    return round(2 * math.log2(value)) if value > 0 else 0
+
+
+def _decode_bucket(request: Request) -> int:
+    return _octave_bucket(request.width * request.height * request.frames / 1e6)

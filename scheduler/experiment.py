@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .cost import CostModel
 from .metrics import summarize
+from .noise import DEFAULT_SIGMA, TimingNoise
 from .plan import StepReport
 from .policies import make_policy
 from .request import Request
@@ -25,6 +26,8 @@ class Scenario:
 
     Either ``workload`` (a name) or ``trace`` (parsed requests; ``trace_timed`` when they
     carry timestamps, in which case the load is the trace's own and ``load`` is ignored).
+    ``noise`` and ``bias``: the simulated device's timing error around the profile
+    (``TimingNoise``, seeded per trace seed; 0 and 0: exact).
     """
 
     cost: CostModel
@@ -41,6 +44,12 @@ class Scenario:
     preemption: str = "step"
     decode: str = "inline"
     block_chunk: int | None = None
+    noise: float = DEFAULT_SIGMA
+    bias: float = 0.0
+
+    def timing_noise(self, seed: int) -> TimingNoise:
+        """The device's timing noise for the trace of ``seed`` (the same for every policy)."""
+        return TimingNoise(sigma=self.noise, bias=self.bias, seed=seed)
 
     def requests_for(self, load: float, seed: int) -> list[Request]:
         """The request list for one seed at ``load``."""
@@ -99,6 +108,7 @@ def run_point(
             progress=progress,
             preemption=scenario.preemption,
             decode=scenario.decode,
+            noise=scenario.timing_noise(seed),
         )
         records += result.records
         chunks += result.chunks
@@ -115,6 +125,8 @@ def run_point(
         "preemption": scenario.preemption,
         "decode": scenario.decode,
         "block_chunk": scenario.block_chunk,
+        "noise": scenario.noise,
+        "bias": scenario.bias,
         "chunks": chunks,
         "parks": parks,
         "link_busy_s": link_s,
@@ -150,7 +162,9 @@ def explain_misses(scenario: Scenario, policy: str, load: float, priority: int =
         by_id = {r.id: r for r in reqs}
         pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
         rec = _Recording(pol)
-        result = simulate(reqs, rec, slo_scale=scenario.slo_scale)
+        result = simulate(
+            reqs, rec, slo_scale=scenario.slo_scale, noise=scenario.timing_noise(seed)
+        )
         for record in result.records:
             r = record.request
             if r.priority != priority or record.met:

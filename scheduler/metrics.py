@@ -42,7 +42,7 @@ def _class_summary(records: Sequence[Record]) -> dict:
 
 
 def summarize(records: Sequence[Record]) -> dict:
-    """Attainment (met deadline / all), P50/P95/P99/mean latency (s), preemptions per
+    """Attainment (met deadline / all), P50/P95/P99/max/mean latency (s), preemptions per
     request, offloads and parks (part-done steps parked) per request, and ``per_priority``
     {"0","1","2"} → attainment, P95/P99 latency and P99/max wait (arrival to start)."""
     if not records:
@@ -54,6 +54,7 @@ def summarize(records: Sequence[Record]) -> dict:
         "p50_s": percentile(lat, 50),
         "p95_s": percentile(lat, 95),
         "p99_s": percentile(lat, 99),
+        "max_s": max(lat),
         "mean_s": sum(lat) / len(lat),
         "preemptions": sum(r.preemptions for r in records) / len(records),
         "offloads": sum(r.offloads for r in records) / len(records),

@@ -39,14 +39,18 @@ class Parked:
 class HostLink:
     """A FIFO timeline of copies over the device–host link."""
 
-    def __init__(self, cost: CostModel):
+    def __init__(self, cost: CostModel, noise=None):
         self.cost = cost
+        self.noise = noise
         self.free_at = 0.0
         self.busy_s = 0.0
 
     def copy(self, now: float, nbytes: float) -> float:
-        """Queue a copy of ``nbytes`` at ``now``; return the time it completes."""
+        """Queue a copy of ``nbytes`` at ``now``; return the time it completes (its duration
+        drawn by ``noise``, a ``TimingNoise``, around the cost model's when one is given)."""
         seconds = self.cost.transfer_time(nbytes)
+        if self.noise is not None:
+            seconds = self.noise.draw(seconds)
         start = max(now, self.free_at)
         self.free_at = start + seconds
         self.busy_s += seconds

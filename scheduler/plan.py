@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .request import RequestStatus
+from .request import Request, RequestStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from .queue import WaitingQueue
@@ -87,6 +87,9 @@ class StepReport:
     the denoising step; ``step_s`` is its wall time, excluding encode/decode/transfers, which
     are reported separately (seconds, summed over the requests concerned); ``blocks`` is the
     number of transformer blocks that ran when the step ran in chunks (None: a whole step).
+    ``encoded`` and ``decoded`` are the requests whose encode and decode ``encode_s`` and
+    ``decode_s`` timed, ``transfer_bytes`` the bytes ``transfer_s`` moved (what the cost
+    model's per-kind corrections compare against; empty/0: that time is not attributed).
     """
 
     now: float
@@ -99,3 +102,6 @@ class StepReport:
     transfer_s: float = 0.0
     finished: list[str] = field(default_factory=list)
     blocks: int | None = None
+    encoded: list[Request] = field(default_factory=list)
+    decoded: list[Request] = field(default_factory=list)
+    transfer_bytes: float = 0.0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
+from .noise import TimingNoise
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
@@ -70,10 +71,11 @@ class _Engine:
         device_pages: int | None,
         max_active: int | None,
         preemption: str = "step",
+        noise: TimingNoise | None = None,
     ):
         self.cost = cost
         self.preemption = preemption
-        self.link = HostLink(cost)
+        self.link = HostLink(cost, noise)
         self.parking = Parking(cost, self.link, page_bytes)
         self.parks: dict[str, int] = {}
         self.max_active = max_active
@@ -149,13 +151,17 @@ def simulate(
     preemption: str = "step",
     decode: str = "inline",
     decode_share: float = 0.5,
+    noise: TimingNoise | None = None,
 ) -> SimResult:
     """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
 
-    The device's true timings come from ``cost`` (default: the policy's cost model). The
-    policy sees only arrived requests, at decision points between iterations. Every request
-    runs to completion (``page_bytes`` default: the profile's page size). At most
-    ``max_active`` requests are started at once (None: no cap);
+    The device's true timings come from ``cost`` (default: a fresh, uncorrected cost model of
+    the policy's profile), each duration — step, chunk, encode, decode, transfer — drawn by
+    ``noise`` around it (``TimingNoise``; None: exact, the truth is the profile itself). The
+    policy learns the device only through what it observes, and sees only arrived requests,
+    at decision points between iterations. Every request runs to completion (``page_bytes``
+    default: the profile's page size). At most ``max_active`` requests are started at once
+    (None: no cap);
     ``device_pages`` overrides the page count the profile leaves for request state.
     ``progress(done, total)`` is called as requests finish. ``preemption="block"`` runs
     steps in chunks of transformer blocks (``ditmem.scheduler.block_step``): at a chunk
@@ -171,7 +177,8 @@ def simulate(
         raise ValueError(f"preemption must be one of {PREEMPTION_MODES}, got {preemption!r}")
     if decode not in DECODE_MODES:
         raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    truth = cost or policy.cost
+    truth = cost if cost is not None else CostModel(policy.cost.profile)
+    noise = noise if noise is not None else TimingNoise(sigma=0.0)
     if not requests:
         return SimResult([], 0.0, 0, 0.0)
     models = {r.model for r in requests}
@@ -182,7 +189,9 @@ def simulate(
         if r.deadline is None or r.standalone_s is None:
             policy.cost.assign_deadline(r, slo_scale)
     page_bytes = truth.page_bytes if page_bytes is None else page_bytes
-    eng = _Engine(truth, pending[0].model, page_bytes, device_pages, max_active, preemption)
+    eng = _Engine(
+        truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise
+    )
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
     last_batch: tuple[str, ...] = ()
@@ -253,8 +262,9 @@ def simulate(
             )
         if plan.blocks is not None and not block:
             raise PlanError("plan.blocks is only allowed with block-level preemption")
-        pre, _ = eng.execute(plan, now)
+        pre, moved = eng.execute(plan, now)
         encode = 0.0
+        encoded = []
         for rid in plan.admit:
             if rid not in eng.waiting:
                 raise PlanError(f"admit of {rid!r}: not waiting")
@@ -267,7 +277,8 @@ def simulate(
             eng.waiting.remove(rid)
             eng.free -= pages
             eng.active[rid] = RequestStatus(req, started_at=now, pages=pages)
-            encode += truth.encode_time(req)
+            encode += noise.draw(truth.encode_time(req))
+            encoded.append(req)
         members = [eng._active(rid, "batch") for rid in plan.batch]
         model = _check_batch(members, truth)
         tokens = [truth.tokens(s.request) for s in members]
@@ -279,18 +290,18 @@ def simulate(
                 raise PlanError(str(exc)) from exc
             # The preemption point's overhead is not step compute (the cost model's feedback
             # compares step_s with predicted block time).
-            pre, step, overhead = pre + out.wait_s, out.compute_s, out.overhead_s
+            pre, step, overhead = pre + out.wait_s, noise.draw(out.compute_s), out.overhead_s
             stepped, blocks_run = out.stepped, out.blocks
             chunks += 1 if members else 0
         else:
-            step = truth.step_time(model, tokens) if members else 0.0
+            step = noise.draw(truth.step_time(model, tokens)) if members else 0.0
             stepped = members
         decode, finished = 0.0, []
         for s in stepped:
             s.steps_done += 1
             if s.steps_done == s.request.steps:
                 if lane is None and tiles is None:
-                    decode += truth.decode_time(s.request)
+                    decode += noise.draw(truth.decode_time(s.request))
                 finished.append(s)
         for rid in plan.pause:
             if rid in eng.active:
@@ -314,9 +325,10 @@ def simulate(
                 continue
             decoding[s.id] = s
             if lane is not None:
-                lane.push(s.id, s.request.deadline, truth.decode_time(s.request))
+                lane.push(s.id, s.request.deadline, noise.draw(truth.decode_time(s.request)))
             else:
-                tiles.push(s.id, s.request.deadline, truth.decode_tiles(s.request))
+                pieces = [noise.draw(t) for t in truth.decode_tiles(s.request)]
+                tiles.push(s.id, s.request.deadline, pieces)
         if progress is not None and (decoded or (finished and lane is None and tiles is None)):
             progress(len(records), total)
         last_batch = tuple(plan.batch)
@@ -332,6 +344,9 @@ def simulate(
                 pre,
                 [s.id for s in finished],
                 blocks_run,
+                encoded,
+                [s.request for s in finished] if lane is None and tiles is None else [],
+                0.0 if block else moved * page_bytes,
             )
         )
     records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))

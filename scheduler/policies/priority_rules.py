@@ -1,7 +1,8 @@
 """The priority rules of ``slo``, as pure functions over its candidates: which request to set
 aside when a deadline prefix overruns, which priority-0 request to run early, and in what
 order late requests run. Each candidate is a ``Candidate``: the request, its remaining work
-``rem`` (s), one step ``tau`` (s), and — for on-time ones — its ``slack`` (s of capacity left
+``rem`` (s), one step ``tau`` (s), the encode ``enc`` still ahead of it (0 once started) and
+its decode ``dec`` (s), and — for on-time ones — its ``slack`` (s of capacity left
 after everything due up to it) and ``guard`` (the least slack among those due before it)."""
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Candidate:
     rem: float
     tau: float
     tokens: int
+    enc: float = 0.0
+    dec: float = 0.0
     slack: float = INF
     guard: float = INF
     late: bool = False

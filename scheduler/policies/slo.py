@@ -123,23 +123,22 @@ class SloPolicy(Policy):
         self.aging = aging
         self.window = window
         self.batching = batching
-        self._static: dict[str, tuple[int, float, float, float]] = {}
+        self._static: dict[str, tuple[int, int]] = {}
 
     # ---- per-request numbers -----------------------------------------------------------
     def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> Candidate:
         static = self._static.get(req.id)
         if static is None:
-            tokens = self.cost.tokens(req)
-            base = self.cost.step_time(req.model, [tokens]) / self.cost.correction(req.model)
-            enc, dec = self.cost.encode_time(req), self.cost.decode_time(req)
-            static = (tokens, base, enc, dec, self.cost.blocks(req.model))
+            static = (self.cost.tokens(req), self.cost.blocks(req.model))
             self._static[req.id] = static
-        tokens, base, enc, dec, blocks = static
-        tau = base * self.cost.correction(req.model)
+        tokens, blocks = static
+        tau = self.cost.step_time(req.model, [tokens])
+        enc, dec = self.cost.encode_time(req), self.cost.decode_time(req)
         part = item.blocks_done / blocks if isinstance(item, RequestStatus) else 0.0
         started = steps_done > 0 or part > 0
-        rem = (req.steps - steps_done - part) * tau + dec + (0.0 if started else enc)
-        return Candidate(item, req, rem, tau, tokens)
+        enc = 0.0 if started else enc
+        rem = (req.steps - steps_done - part) * tau + dec + enc
+        return Candidate(item, req, rem, tau, tokens, enc=enc, dec=dec)
 
     def _order_deadline(self, req: Request) -> float:
         """The deadline used for ordering: priority 0 is ordered as if due after only
