@@ -94,7 +94,7 @@ def test_explain_misses_reports_what_ran_in_the_window():
         req("A", 0.0, steps=10, priority=1, slo_ms=100_000, cost=cost),
         req("B", 0.5, steps=1, priority=0, slo_ms=2_000, cost=cost),
     ]
-    sc = Scenario(cost=cost, trace=trace, trace_timed=True)
+    sc = Scenario(cost=cost, trace=trace, trace_timed=True, noise=0.0)
     # fifo runs A from 0 to 10 s, then B: B (window 0.5-2.5 s) is 8.5 s late behind 2 s of A.
     (miss,) = explain_misses(sc, "fifo", 0.0)
     assert (miss["id"], miss["late_by_s"]) == ("B", pytest.approx(8.5))
