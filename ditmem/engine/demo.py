@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ditmem.engine.demo_runs import decode_mode, decode_tile
+from ditmem.engine.factory import add_model_arguments
 from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.report import comparison_table, run_summary
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "as on a GPU; 8 is about 5x faster but only ~5x)")
     p.add_argument("--policies", default="fifo,slo")
     p.add_argument("--pool-mb", type=float, default=64.0)
+    add_model_arguments(p, memory=False)
     p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
                    help="1: VAE decode on a worker thread beside the step loop (earliest "
                         "deadline first; simulated as `--decode concurrent`)")
@@ -132,7 +134,7 @@ def main(args) -> int:
         print(f"ditmem demo: --profile {args.profile}: no such file", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    gen = models.load(args.model)
+    gen = models.load(args.model, dtype=args.dtype)
     model_key = scheduler_model(args.model, gen)
     if args.profile == "measure":
         args.profile = calibrate(gen, args)

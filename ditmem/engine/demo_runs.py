@@ -88,7 +88,7 @@ def _child(args, name, trace, barrier, out_queue, core, line) -> None:
     if core is not None:
         os.sched_setaffinity(0, {core})
     set_torch_threads(args.threads)
-    gen = models.load(args.model)
+    gen = models.load(args.model, dtype=args.dtype)
     pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
     warm_up(gen, trace, pool)
     out_queue.put((name, run_policy(gen, name, trace, args, scheduler_model(args.model, gen),

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine pool the profile describes (device_bytes = weights + "
                         "workspace + pool)")
     p.add_argument("--page-kb", type=int, default=64)
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="model dtype (default: bfloat16 on cuda/npu, float32 on cpu)")
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--frames", type=int, default=1, help="frames per request (video models)")
     add_decode_tile_argument(p, "tiled decode geometry in pixels to time (models with a "
@@ -236,7 +238,7 @@ def main(args) -> int:
     from ditmem import models
 
     set_torch_threads(args.threads)
-    gen = models.load(args.model)
+    gen = models.load(args.model, dtype=args.dtype)
     sides = [int(s) for s in args.sides.split(",")]
     batches = sorted({int(b) for b in args.batches.split(",")})
     print(f"profiling {args.model}: sides {sides}, batches {batches}")

@@ -1,7 +1,9 @@
-"""One byte arena ``uint8 [num_pages, page_bytes]`` cut into pages, plus its free list.
+"""A byte arena cut into pages, plus its free list.
 
-Shared by the device-side ``PagePool`` and the host-side ``HostPool``; they differ only in
-what running out of pages means (``None`` versus an exception).
+Shared by the device-side ``PagePool`` (one tensor ``uint8 [num_pages, page_bytes]``) and
+the host-side ``HostPool`` (the same, or several chunks of consecutive pages, so a large
+pinned pool is not one huge pinned allocation); they also differ in what running out of
+pages means (``None`` versus an exception).
 """
 
 from __future__ import annotations
@@ -24,21 +26,50 @@ class PageArena:
     """
 
     def __init__(self, num_pages: int, page_bytes: int, device, *, pin_memory: bool = False,
-                 prefault: bool = True):
+                 prefault: bool = True, chunk_pages: int | None = None):
         if not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages <= 0:
             raise ValueError(f"num_pages: expected a positive int, got {num_pages!r}")
         if (not isinstance(page_bytes, int) or isinstance(page_bytes, bool) or page_bytes <= 0
                 or page_bytes % PAGE_ALIGN):
             raise ValueError(
                 f"page_bytes: expected a positive multiple of {PAGE_ALIGN}, got {page_bytes!r}")
+        if chunk_pages is not None and (not isinstance(chunk_pages, int) or chunk_pages <= 0):
+            raise ValueError(f"chunk_pages: expected a positive int, got {chunk_pages!r}")
         self.device = torch.device(device)
         self.page_bytes = page_bytes
-        self.arena = torch.empty(
-            (num_pages, page_bytes), dtype=torch.uint8, device=self.device, pin_memory=pin_memory)
+        #: pages per chunk: page p is row p % chunk_pages of chunks[p // chunk_pages]
+        self.chunk_pages = min(num_pages, chunk_pages or num_pages)
+        self.chunks = [
+            torch.empty((min(self.chunk_pages, num_pages - first), page_bytes), dtype=torch.uint8,
+                        device=self.device, pin_memory=pin_memory)
+            for first in range(0, num_pages, self.chunk_pages)]
         if prefault and self.device.type == "cpu" and not pin_memory:
             # CPU memory is mapped lazily: touch it now, not on the first copy into a page
-            self.arena.zero_()
+            for chunk in self.chunks:
+                chunk.zero_()
         self._pages = FreeList(num_pages)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def arena(self) -> torch.Tensor:
+        """The arena ``uint8 [num_pages, page_bytes]`` (single-chunk arenas only)."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"arena: this arena has {len(self.chunks)} chunks; use chunks / "
+                             "page_rows")
+        return self.chunks[0]
+
+    def page_rows(self, pages, dtype: torch.dtype, row_shape=()) -> torch.Tensor:
+        """A copy of ``pages`` (any chunks) as ``[len(pages), rows_per_page, *row_shape]``."""
+        row_shape = normalize_row_shape(row_shape)
+        rpp = rows_per_page(row_shape, dtype, self.page_bytes)
+        used = rpp * row_bytes(row_shape, dtype)
+        n = self.chunk_pages
+        raw = torch.stack([self.chunks[p // n][p % n, :used] for p in pages]) if pages else \
+            self.chunks[0].new_empty((0, used))
+        return raw.view(dtype).view(len(pages), rpp, *row_shape)
 
     @property
     def num_pages(self) -> int:
@@ -54,7 +85,7 @@ class PageArena:
 
     @property
     def is_pinned(self) -> bool:
-        return self.device.type == "cpu" and self.arena.is_pinned()
+        return self.device.type == "cpu" and self.chunks[0].is_pinned()
 
     def can_allocate(self, n: int) -> bool:
         """Whether ``n`` pages are free right now."""

@@ -80,10 +80,9 @@ class OffloadEngine:
         self.mode = self._copier.name
         self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
         self.granule = granule_for(pool.page_bytes, self.trim_tails, trim_granule)
-        self._blocks = {"offload": (block_view(pool.arena, self.granule),
-                                    block_view(host.arena, self.granule)),
-                        "restore": (block_view(host.arena, self.granule),
-                                    block_view(pool.arena, self.granule))}
+        self._device_blocks = block_view(pool.arena, self.granule)
+        self._host_blocks = [block_view(c, self.granule) for c in host.chunks]
+        self._host_chunk_blocks = host.chunk_pages * (pool.page_bytes // self.granule)
         # on a CPU pool every copy reads its mapping on the host before it completes
         self._map_buf = MappingBuffer() if pool.device.type == "cpu" else None
         self._copy_fn = copy_fn
@@ -203,11 +202,10 @@ class OffloadEngine:
         try:
             s_ids, d_ids = block_ids(tensors, src, dst, self.pool.page_bytes, self.granule)
             if s_ids:
-                mapping = self._mapping(s_ids, d_ids)
+                copies = self._copies(kind, s_ids, d_ids)
                 copy = self._copy_fn or copy_blocks
-                src_blocks, dst_blocks = self._blocks[kind]
                 handle.token = self._copier.start(
-                    lambda: copy(src_blocks, dst_blocks, mapping))
+                    lambda: [copy(src, dst, mapping) for src, dst, mapping in copies])
         except BaseException:
             release.free([p for pages in dst for p in pages])
             raise
@@ -215,6 +213,27 @@ class OffloadEngine:
             t._begin(state)
         self._in_flight[handle.id] = handle
         return handle
+
+    def _copies(self, kind, s_ids, d_ids):
+        """``[(src blocks, dst blocks, mapping)]``: one copy per host chunk touched (one in
+        all for a single-chunk host pool)."""
+        dev, host = self._device_blocks, self._host_blocks
+        if len(host) == 1:
+            pair = (dev, host[0]) if kind == "offload" else (host[0], dev)
+            return [(*pair, self._mapping(s_ids, d_ids))]
+        per = self._host_chunk_blocks
+        host_ids = d_ids if kind == "offload" else s_ids
+        groups: dict[int, list[int]] = {}
+        for i, h in enumerate(host_ids):
+            groups.setdefault(h // per, []).append(i)
+        copies = []
+        for c, idx in sorted(groups.items()):
+            s, d = [s_ids[i] for i in idx], [d_ids[i] for i in idx]
+            if kind == "offload":
+                copies.append((dev, host[c], pairs(s, [x - c * per for x in d])))
+            else:
+                copies.append((host[c], dev, pairs([x - c * per for x in s], d)))
+        return copies
 
     def _mapping(self, s_ids, d_ids):
         # the shared buffer only when no copy is in flight: a copy has read its mapping by

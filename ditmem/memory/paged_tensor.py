@@ -133,8 +133,8 @@ class PagedTensor:
         if self._state is TensorState.ON_DEVICE:
             view, table = self.kernel_view(), self.page_table
         elif self._state is TensorState.ON_HOST:
-            view = self._host.view(self.dtype, self.row_shape)
-            table = torch.tensor(self._host_pages, dtype=torch.int64)
+            view = self._host.page_rows(self._host_pages, self.dtype, self.row_shape)
+            table = torch.arange(len(self._host_pages))
         else:
             raise TensorStateError(f"read: tensor is {self._state.value}; finish or cancel "
                                    "the transfer first")

@@ -63,9 +63,17 @@ class PatchGroup:
             a.unpatch()
 
 
-def load(name_or_path: str, **kwargs):
+def load(name_or_path: str, *, device="cpu", dtype=None, **kwargs):
     """Build a step-decomposed generator: an embedded tiny model by name or a local folder
-    with real diffusers weights (``from_pretrained``). See the model modules for kwargs."""
+    with real diffusers weights (``from_pretrained``, every component on ``device``).
+
+    ``dtype``: ``torch.bfloat16|float16|float32`` or its name (``"bf16"`` ...); ``None``
+    means bfloat16 on CUDA/NPU and float32 on the CPU (``ditmem.models.dtypes``). Other
+    kwargs: see the model modules. ValueError for an unknown dtype or path."""
+    from ditmem.models.dtypes import resolve_dtype
+
+    kwargs["device"] = device
+    kwargs["dtype"] = resolve_dtype(dtype, device)
     if name_or_path in EMBEDDED:
         return _module(EMBEDDED[name_or_path]).load(name_or_path, **kwargs)
     import json

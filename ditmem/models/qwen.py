@@ -22,17 +22,20 @@ def patch(model, block_size: int = 64) -> QwenAdapter:
 def load(
     name_or_path: str = "tiny-qwen-image",
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str | None = None,
     seed: int = 0,
     block_size: int = 64,
 ):
     """Build a :class:`~ditmem.models.qwen_generate.QwenGenerator`.
 
     ``"tiny-qwen-image"`` builds the embedded tiny pipeline (weights from ``seed``); a folder
-    with ``model_index.json`` loads real weights with ``QwenImagePipeline.from_pretrained``.
+    with ``model_index.json`` loads real weights with ``QwenImagePipeline.from_pretrained``
+    (every component on ``device``). ``dtype``: see :func:`ditmem.models.load`.
     """
+    from ditmem.models.dtypes import resolve_dtype
     from ditmem.models.qwen_generate import QwenGenerator
 
+    dtype = resolve_dtype(dtype, device)
     if name_or_path == "tiny-qwen-image":
         from ditmem.models.qwen_tiny import build_pipeline
 
@@ -40,6 +43,6 @@ def load(
     else:
         from diffusers import QwenImagePipeline
 
-        pipe = QwenImagePipeline.from_pretrained(name_or_path, dtype=dtype).to(device)
+        pipe = QwenImagePipeline.from_pretrained(name_or_path, torch_dtype=dtype).to(device)
         pipe.set_progress_bar_config(disable=True)
     return QwenGenerator(pipe, name=name_or_path, block_size=block_size)

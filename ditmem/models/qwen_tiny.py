@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from ditmem.models.dtypes import cast_pipeline
 from ditmem.models.tokenizer import qwen_tokenizer
 
 TRANSFORMER_CONFIG = dict(
@@ -140,7 +141,7 @@ def build_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, device: st
         transformer=transformer,
     )
     if dtype != torch.float32:
-        pipe.to(dtype=dtype)
+        cast_pipeline(pipe, dtype)
     if str(device) != "cpu":
         pipe.to(device=device)
     pipe.set_progress_bar_config(disable=True)

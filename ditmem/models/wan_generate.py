@@ -87,12 +87,17 @@ class WanGenerator:
 
     @classmethod
     def load(cls, name_or_path: str = "tiny-wan", device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.float32, seed: int = 0, two_experts: bool = False,
+             dtype: torch.dtype | str | None = None, seed: int = 0,
+             two_experts: bool = False,
              **kwargs) -> WanGenerator:
         """``"tiny-wan"`` builds the embedded pipeline (weights from ``seed``; ``two_experts``
         adds a Wan2.2-A14B-like second transformer); a folder with ``model_index.json``
-        loads real weights with ``WanPipeline.from_pretrained``. kwargs go to ``__init__``."""
-        pipe = load_pipeline(name_or_path, device, dtype, seed, two_experts)
+        loads real weights with ``WanPipeline.from_pretrained``. ``dtype``: see
+        :func:`ditmem.models.load`. kwargs go to ``__init__``."""
+        from ditmem.models.dtypes import resolve_dtype
+
+        pipe = load_pipeline(name_or_path, device, resolve_dtype(dtype, device), seed,
+                             two_experts)
         return cls(pipe, name=name_or_path, **kwargs)
 
     # ---------------------------------------------------------------- requests

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ditmem.models.dtypes import cast_pipeline
 from ditmem.models.tokenizer import t5_tokenizer
 
 TRANSFORMER_CONFIG = dict(
@@ -103,7 +104,7 @@ def build_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, device: st
         boundary_ratio=0.875 if two_experts else None,
     )
     pipe.to(device=device)
-    if dtype != torch.float32:  # diffusers warns on any dtype cast, so cast only when asked
-        pipe.to(dtype=dtype)
+    if dtype != torch.float32:  # norms and modulation stay float32, as from_pretrained keeps them
+        cast_pipeline(pipe, dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ditmem.engine.factory import EngineConfig, build_engine
+from ditmem.engine.factory import EngineConfig, add_model_arguments, build_engine
 from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
@@ -24,8 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("DITMEM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (env DITMEM_API_KEY)")
-    p.add_argument("--pool-mb", type=float, default=64.0, help="device page pool size")
-    p.add_argument("--host-mb", type=float, default=None, help="host pool (default 4x pool)")
+    p.add_argument("--pool-mb", type=float, default=None,
+                   help="device page pool size (default: 64 on cpu, else --memory-fraction)")
+    p.add_argument("--host-mb", type=float, default=None,
+                   help="host pool in MiB (or --host-memory-gb)")
+    add_model_arguments(p)
     p.add_argument("--page-kb", type=int, default=64, help="page size in KiB")
     p.add_argument("--profile", default="cpu-tiny",
                    help="cost-model profile name or JSON (see ditmem profile)")
@@ -58,7 +61,9 @@ def engine_config(args) -> EngineConfig:
                         device=args.device, slo_scale=args.slo_scale,
                         decode_workers=args.decode_workers, preemption=args.preemption,
                         decode="inline" if args.decode_workers else args.decode,
-                        decode_tile=args.decode_tile)
+                        decode_tile=args.decode_tile, dtype=args.dtype,
+                        memory_fraction=args.memory_fraction,
+                        host_memory_gb=args.host_memory_gb)
 
 
 def main(args) -> int:
