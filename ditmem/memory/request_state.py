@@ -91,6 +91,10 @@ class RequestState:
         """The ``PagedTensor`` behind ``name`` (for kernels: ``page_table``, ``kernel_view``)."""
         return self._entry(name).paged
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape ``get(name)`` returns (metadata only, wherever the tensor lives)."""
+        return self._entry(name).shape
+
     def delete(self, name: str) -> None:
         """Free tensor ``name``."""
         self._entry(name).paged.free()
