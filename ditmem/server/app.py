@@ -1,37 +1,55 @@
-"""The FastAPI application: error handling, API key, health and metrics.
+"""The FastAPI application: errors, security, health, limits and metrics.
 
 ``create_app(engine, config)`` wires a running :class:`ditmem.engine.Engine` to HTTP; the
-generation routes live in :mod:`ditmem.server.routes`. The app never owns the engine's
-thread: whoever builds it (``ditmem serve``, tests) starts and drains the engine.
+generation routes live in :mod:`ditmem.server.routes` and :mod:`ditmem.server.videos`. The
+app never owns the engine's thread: whoever builds it (``ditmem serve``, tests) starts and
+drains the engine. Every error is an OpenAI-style body
+(``{"error": {"message", "type", "param", "code"}}``); no input gives a 5xx.
 """
 
 from __future__ import annotations
 
-import hmac
+import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ditmem.engine.results import QueueFull, SubmitError
+from ditmem.server.body import BodyLimitMiddleware
+from ditmem.server.limits import Limits, ModelRules
 from ditmem.server.metrics import ServerMetrics
-from ditmem.server.schemas import InvalidField, Limits
-from ditmem.server.videos import VideoJobs
+from ditmem.server.requests import Defaults, InvalidField
+from ditmem.server.security import ApiKeyMiddleware, add_host_check, check_api_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class ServerConfig:
-    """What the HTTP layer needs to know besides the engine."""
+    """What the HTTP layer needs to know besides the engine. ``rules`` default to the
+    engine's generator's (:meth:`ModelRules.of`)."""
 
     model_name: str
     api_key: str | None = None
     default_size: str = "256x256"
     default_steps: int = 28
+    default_frames: int = 17
+    default_fps: int = 16
     limits: Limits = field(default_factory=Limits)
+    rules: ModelRules | None = None
+    allowed_hosts: list[str] | None = None
     drain_timeout_s: float = 600.0
     disconnect_poll_s: float = 0.05
+
+    @property
+    def defaults(self) -> Defaults:
+        return Defaults(self.default_size, self.default_steps, self.default_frames,
+                        self.default_fps)
 
 
 def error_response(status: int, message: str, param: str | None = None,
@@ -51,34 +69,35 @@ def submit_error_response(exc: SubmitError) -> JSONResponse:
     return error_response(exc.status, str(exc), exc.field, kind, headers)
 
 
-class ApiKeyMiddleware:
-    """Rejects ``/v1`` requests without ``Authorization: Bearer KEY`` (or ``X-API-Key``).
+def document_bodies(app: FastAPI, bodies: dict[str, tuple[type, tuple[str, ...]]]) -> None:
+    """Put each route's request model in the OpenAPI schema (the routes read their bodies
+    themselves, to check Content-Type and accept forms)."""
 
-    A plain ASGI middleware: Starlette's ``BaseHTTPMiddleware`` would hide client
-    disconnects from the routes, which need them to cancel requests."""
+    def openapi():
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, (model, kinds) in bodies.items():
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+            ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+            op = schema["paths"][path]["post"]
+            op["requestBody"] = {"required": True,
+                                 "content": {kind: {"schema": ref} for kind in kinds}}
+        app.openapi_schema = schema
+        return schema
 
-    def __init__(self, app, key: str):
-        self.app = app
-        self.key = key.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
-            given = given[7:] if given.lower().startswith(b"bearer ") else given
-            given = given or headers.get(b"x-api-key", b"")
-            if not hmac.compare_digest(given, self.key):
-                response = error_response(401, "missing or wrong API key "
-                                          "(Authorization: Bearer KEY)", "authorization",
-                                          "authentication_error")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    app.openapi = openapi
 
 
 def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) -> FastAPI:
-    """Build the app. On lifespan shutdown (SIGTERM under uvicorn) the engine stops taking
-    requests and finishes the ones it has (``drain``) when ``drain_on_shutdown``."""
+    """Build the app. On lifespan shutdown the engine stops taking requests and finishes
+    the ones it has (``drain``, at most ``config.drain_timeout_s``) when
+    ``drain_on_shutdown``."""
+    key = check_api_key(config.api_key)
+    rules = config.rules or ModelRules.of(engine.gen)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -87,19 +106,23 @@ def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) 
             import asyncio
 
             await asyncio.to_thread(engine.drain, config.drain_timeout_s)
+        app.state.videos.close()
 
-    app = FastAPI(title="ditmem", lifespan=lifespan)
+    app = FastAPI(title="ditmem", lifespan=lifespan, redirect_slashes=False)
     app.state.engine = engine
     app.state.config = config
+    app.state.rules = rules
     app.state.metrics = ServerMetrics(engine)
-    app.state.videos = VideoJobs()
 
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(BodyLimitMiddleware, limit=config.limits.max_body_bytes)
+    if key:
+        app.add_middleware(ApiKeyMiddleware, key=key)
+    add_host_check(app, config.allowed_hosts)
 
     @app.exception_handler(InvalidField)
     async def on_invalid(request: Request, exc: InvalidField):
-        return error_response(400, exc.message, exc.field)
+        kind = "not_found" if exc.status == 404 else "invalid_request_error"
+        return error_response(exc.status, exc.message, exc.field, kind)
 
     @app.exception_handler(SubmitError)
     async def on_submit_error(request: Request, exc: SubmitError):
@@ -113,25 +136,56 @@ def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) 
         msg = errors[0].get("msg", "invalid request") if errors else "invalid request"
         return error_response(400, f"{param}: {msg}", param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), None, kind,
+                              getattr(exc, "headers", None))
+
     @app.get("/health")
     async def health():
         s = engine.stats()
-        status = 503 if s.draining else 200
-        body = {"status": "draining" if s.draining else "ok", "model": config.model_name,
+        body = {"status": "ok", "model": config.model_name,
                 "queued": s.queued, "running": s.running, "paused": s.paused}
-        return JSONResponse(body, status_code=status)
+        if s.dead is not None:
+            body.update(status="dead", reason=s.dead)
+        elif s.draining:
+            body["status"] = "draining"
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics():
         return Response(app.state.metrics.render(),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def limits_body() -> dict:
+        return {"limits": config.limits.as_dict(), "model_rules": rules.as_dict(),
+                "defaults": {"size": config.default_size, "steps": config.default_steps,
+                             "frames": config.default_frames, "fps": config.default_fps},
+                "prompt_tokens": {"max": rules.text_tokens or None,
+                                  "beyond": "truncated, as the stock pipeline does"}}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": config.model_name, "object": "model",
-                                            "owned_by": "ditmem"}]}
+        return {"object": "list", "data": [dict({"id": config.model_name, "object": "model",
+                                                 "owned_by": "ditmem"}, **limits_body())]}
 
+    @app.get("/v1/limits")
+    async def limits():
+        return limits_body()
+
+    from ditmem.server.requests import ChatRequest, ImageRequest, VideoRequest
     from ditmem.server.routes import add_generation_routes
+    from ditmem.server.videos import VideoStore, add_video_routes
 
+    app.state.videos = VideoStore(config.limits.video_store_bytes, config.limits.video_ttl_s)
     add_generation_routes(app, engine, config)
+    add_video_routes(app, engine, config)
+    json_only = ("application/json",)
+    document_bodies(app, {
+        "/v1/images/generations": (ImageRequest, json_only),
+        "/v1/chat/completions": (ChatRequest, json_only),
+        "/v1/videos": (VideoRequest, json_only + ("multipart/form-data",
+                                                  "application/x-www-form-urlencoded")),
+    })
     return app

@@ -1,7 +1,9 @@
 """``ditmem serve``: the HTTP server (OpenAI images / vllm-omni chat / videos API).
 
-SIGTERM (or Ctrl-C) stops intake — uvicorn closes the listening socket and lets the
-requests in flight finish — then the engine drains and the process exits 0.
+SIGTERM (or Ctrl-C) stops intake — uvicorn closes the listening socket, new submissions
+get 503 — and the engine drains for at most ``--drain-timeout`` seconds; what is left is
+cancelled (503) and the process exits: 0 when everything finished, 1 when the drain timed
+out, 3 when the engine died. A second signal exits at once (130).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from ditmem.engine.factory import EngineConfig, add_model_arguments, build_engin
 from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
-from ditmem.server.schemas import Limits
+from ditmem.server.limits import add_limit_arguments, limits_from_args
+from ditmem.server.security import KEY_ENV, check_api_key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +25,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="slo", choices=("fifo", "srtf", "slo"))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("DITMEM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (env DITMEM_API_KEY)")
+    p.add_argument("--api-key", default=os.environ.get(KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on /v1; read from the "
+                        f"environment variable {KEY_ENV} when not given (prefer it: "
+                        "command lines are visible to other users); an empty key is refused")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host names the server answers (e.g. "
+                        "'localhost,127.0.0.1'; '*.example.com' patterns); others get 400. "
+                        "Default: any")
+    p.add_argument("--drain-timeout", type=float, default=600.0,
+                   help="on SIGTERM/SIGINT, seconds to let running requests finish before "
+                        "cancelling them (503); a second signal exits at once")
     p.add_argument("--pool-mb", type=float, default=None,
                    help="device page pool size (default: 64 on cpu, else --memory-fraction)")
     p.add_argument("--host-mb", type=float, default=None,
@@ -50,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "transformer blocks (long video steps)")
     p.add_argument("--default-size", default="256x256")
     p.add_argument("--default-steps", type=int, default=28)
+    p.add_argument("--default-frames", type=int, default=17,
+                   help="num_frames of /v1/videos when not given (video models)")
+    p.add_argument("--default-fps", type=int, default=16, help="fps of /v1/videos results")
+    add_limit_arguments(p)
     p.add_argument("--log-level", default="info")
     add_threads_argument(p)
 
@@ -67,15 +83,29 @@ def engine_config(args) -> EngineConfig:
 
 
 def main(args) -> int:
-    from ditmem.server.runner import serve
+    import logging
 
+    from ditmem.server.runner import DRAINED, ENGINE_DEAD, serve
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        api_key = check_api_key(args.api_key)
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"ditmem serve: {exc}") from None
+    hosts = [h.strip() for h in args.allowed_hosts.split(",")] if args.allowed_hosts else None
     set_torch_threads(args.threads)
     engine = build_engine(engine_config(args)).start()
-    config = ServerConfig(model_name=args.model, api_key=args.api_key,
+    config = ServerConfig(model_name=args.model, api_key=api_key,
                           default_size=args.default_size, default_steps=args.default_steps,
-                          limits=Limits())
+                          default_frames=args.default_frames, default_fps=args.default_fps,
+                          limits=limits, allowed_hosts=hosts,
+                          drain_timeout_s=args.drain_timeout)
     app = create_app(engine, config)
-    serve(app, args.host, args.port, args.log_level)
-    finished = engine.drain(config.drain_timeout_s)
-    print(f"ditmem serve: stopped ({'drained' if finished else 'drain timed out'})")
-    return 0 if finished else 1
+    status = serve(app, args.host, args.port, args.log_level, engine=engine,
+                   drain_timeout_s=args.drain_timeout)
+    said = {DRAINED: "drained", ENGINE_DEAD: f"engine dead: {engine.stats().dead}"}
+    logging.getLogger("ditmem.server").warning(
+        "ditmem serve: stopped (%s)", said.get(status, "drain timed out, the rest cancelled"))
+    return status

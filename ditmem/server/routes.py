@@ -1,13 +1,16 @@
-"""Generation endpoints: OpenAI images, vllm-omni chat completions, OpenAI-style videos.
+"""Image endpoints: OpenAI images and vllm-omni chat completions, plus what every
+generation route shares (submitting off the event loop, waiting while watching the
+connection, failure responses, timing fields).
 
-Each handler validates the body (:mod:`ditmem.server.schemas`), submits engine requests,
-and waits for them while watching the connection: a client that goes away cancels its
-requests, which frees their pages.
+A client that goes away cancels its requests, which frees their pages. Submitting (the
+page estimate tokenizes the prompt) and PNG encoding run in worker threads, never on the
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import uuid
@@ -15,32 +18,44 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ditmem.engine.results import RequestCancelled, RequestFailed, SubmitError
+from ditmem.engine.results import EngineFault, RequestCancelled, RequestFailed, SubmitError
 from ditmem.models.request import GenerationRequest
 from ditmem.server import outputs
-from ditmem.server.schemas import (
+from ditmem.server.body import json_body
+from ditmem.server.limits import count_tokens
+from ditmem.server.requests import (
+    ChatRequest,
     GenerationSpec,
-    InvalidField,
-    chat_fields,
+    ImageRequest,
+    build_spec,
+    chat_options,
     chat_prompt,
-    parse_generation,
+    validate,
 )
 
-
-async def read_json(request: Request) -> dict:
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise InvalidField("body", f"is not valid JSON ({exc})") from exc
-    if not isinstance(body, dict):
-        raise InvalidField("body", "must be a JSON object")
-    return body
+log = logging.getLogger(__name__)
+MIB = 2**20
 
 
-def submit_spec(engine, spec: GenerationSpec, prefix: str) -> tuple[list, int]:
+def token_warnings(engine, spec: GenerationSpec, window: int) -> list[str]:
+    """Warnings for prompts longer than the text encoder reads (tokenizes: worker thread)."""
+    if not window:
+        return []
+    out = []
+    for name, text in (("prompt", spec.prompt), ("negative_prompt", spec.negative_prompt)):
+        n = count_tokens(engine.gen, text) if text else None
+        if n is not None and n > window:
+            out.append(f"{name}: {n} tokens; the text encoder reads the first {window} "
+                       "(the rest is dropped, as the stock pipeline does)")
+    return out
+
+
+def submit_spec(engine, spec: GenerationSpec, prefix: str, config) -> list:
     """Submit the ``n`` requests of ``spec`` (seeds ``seed, seed+1, ...``); on a rejected
-    submission, cancel the ones already taken and re-raise."""
+    submission, cancel the ones already taken and re-raise. Blocking: run it in a thread."""
     base_seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2**31)
+    spec.seed = base_seed
+    limit = config.limits.max_request_s or None
     tickets = []
     try:
         for i in range(spec.n):
@@ -52,12 +67,20 @@ def submit_spec(engine, spec: GenerationSpec, prefix: str) -> tuple[list, int]:
             )
             if spec.guidance_scale is not None:
                 req.guidance_scale = spec.guidance_scale
-            tickets.append(engine.submit(req, priority=spec.priority, slo_ms=spec.slo_ms))
+            tickets.append(engine.submit(req, priority=spec.priority, slo_ms=spec.slo_ms,
+                                         max_standalone_s=limit))
     except SubmitError:
         for t in tickets:
             engine.cancel(t.request_id)
         raise
-    return tickets, base_seed
+    rules = getattr(config, "rules", None)
+    window = rules.text_tokens if rules is not None else 0
+    spec.warnings += token_warnings(engine, spec, window)
+    return tickets
+
+
+async def submit(engine, spec: GenerationSpec, prefix: str, config) -> list:
+    return await asyncio.to_thread(submit_spec, engine, spec, prefix, config)
 
 
 async def wait_or_cancel(request: Request, engine, tickets: list, poll_s: float):
@@ -76,9 +99,12 @@ async def wait_or_cancel(request: Request, engine, tickets: list, poll_s: float)
 
 
 def failure_response(results: list) -> JSONResponse | None:
+    """503 for a cancelled request or an engine fault (not the request's doing), 500 when
+    one of its own stages failed; None when all succeeded."""
     for r in results:
-        if isinstance(r, RequestCancelled):
-            return JSONResponse({"error": {"message": f"cancelled: {r}", "type": "cancelled",
+        if isinstance(r, RequestCancelled | EngineFault):
+            kind = "cancelled" if isinstance(r, RequestCancelled) else "engine_error"
+            return JSONResponse({"error": {"message": str(r), "type": kind,
                                            "param": None, "code": 503}}, status_code=503)
         if isinstance(r, BaseException):
             kind = "generation_failed" if isinstance(r, RequestFailed) else "internal_error"
@@ -87,91 +113,78 @@ def failure_response(results: list) -> JSONResponse | None:
     return None
 
 
+def stage_durations(result) -> dict:
+    """Seconds per stage of one result (what the vllm-omni client reads)."""
+    t = result.timing
+    return {"queue": round(t.queued_s, 6), "encode": round(t.encode_s, 6),
+            "denoise": round(t.running_s, 6), "decode": round(t.decode_s, 6),
+            "paused": round(t.paused_s, 6), "offload": round(t.offload_s, 6),
+            "total": round(t.latency_s, 6)}
+
+
+def peak_memory_mb(results: list) -> float:
+    """The largest device-pool share (MiB) one of the results' states held."""
+    return round(max(r.peak_bytes for r in results) / MIB, 3)
+
+
 def timing_block(results: list) -> dict:
     items = [dict(r.timing.as_dict(), id=r.request_id, priority=r.priority,
                   slo_ms=r.slo_ms, slo_met=r.slo_met) for r in results]
     return {"requests": items, "latency_ms": max(i["latency_ms"] for i in items)}
 
 
-def add_generation_routes(app: FastAPI, engine, config) -> None:
-    limits, poll = config.limits, config.disconnect_poll_s
+def png_b64s(results: list) -> list[str]:
+    return [outputs.b64(outputs.png_bytes(outputs.first_frame(r.output))) for r in results]
 
-    def spec_of(body: dict, prompt=None, video=False) -> GenerationSpec:
-        return parse_generation(body, limits, default_size=config.default_size,
-                                default_steps=config.default_steps, prompt=prompt,
-                                video=video)
+
+def add_generation_routes(app: FastAPI, engine, config) -> None:
+    limits, poll, rules = config.limits, config.disconnect_poll_s, app.state.rules
 
     @app.post("/v1/images/generations")
     async def images(request: Request):
-        spec = spec_of(await read_json(request))
-        tickets, seed = submit_spec(engine, spec, "img")
+        body = validate(ImageRequest, await json_body(request))
+        spec = build_spec(body, body.prompt, limits, rules, config.defaults,
+                          ignored=list(body.model_extra or {}))
+        tickets = await submit(engine, spec, "img", config)
         results = await wait_or_cancel(request, engine, tickets, poll)
         if results is None:
             return Response(status_code=499)
         failed = failure_response(results)
         if failed is not None:
             return failed
-        data = [{"b64_json": outputs.b64(outputs.png_bytes(outputs.first_frame(r.output))),
-                 "revised_prompt": spec.prompt, "seed": seed + i}
-                for i, r in enumerate(results)]
-        return {"created": int(time.time()), "data": data, "timing": timing_block(results)}
+        images = await asyncio.to_thread(png_b64s, results)
+        data = [{"b64_json": b, "revised_prompt": spec.prompt, "seed": spec.seed + i}
+                for i, b in enumerate(images)]
+        return {"created": int(time.time()), "data": data, "warnings": spec.warnings,
+                "usage": {"peak_memory_mb": peak_memory_mb(results),
+                          "stage_durations": stage_durations(results[0])},
+                "timing": timing_block(results)}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await read_json(request)
-        spec = spec_of(chat_fields(body), prompt=chat_prompt(body))
-        tickets, _ = submit_spec(engine, spec, "chatcmpl")
+        body = validate(ChatRequest, await json_body(request))
+        opts, ignored = chat_options(body)
+        spec = build_spec(opts, chat_prompt(body), limits, rules, config.defaults,
+                          ignored=ignored)
+        tickets = await submit(engine, spec, "chatcmpl", config)
         results = await wait_or_cancel(request, engine, tickets, poll)
         if results is None:
             return Response(status_code=499)
         failed = failure_response(results)
         if failed is not None:
             return failed
-        content = [{"type": "image_url", "image_url": {
-            "url": "data:image/png;base64,"
-            + outputs.b64(outputs.png_bytes(outputs.first_frame(r.output)))}} for r in results]
+        images = await asyncio.to_thread(png_b64s, results)
+        metrics = {"peak_memory_mb": peak_memory_mb(results),
+                   "stage_durations": stage_durations(results[0])}
+        content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + b},
+                    "peak_memory_mb": round(r.peak_bytes / MIB, 3),
+                    "stage_durations": stage_durations(r)}
+                   for b, r in zip(images, results, strict=True)]
         return {
             "id": tickets[0].request_id, "object": "chat.completion",
-            "created": int(time.time()), "model": body.get("model") or config.model_name,
+            "created": int(time.time()), "model": config.model_name,
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": content}}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-            "timing": timing_block(results),
+            "metrics": metrics, "warnings": spec.warnings, "timing": timing_block(results),
         }
-
-    @app.post("/v1/videos")
-    async def create_video(request: Request):
-        body = await read_json(request)
-        if body.get("n", 1) != 1:
-            raise InvalidField("n", "videos are generated one per request")
-        spec = spec_of(body, video=True)
-        (ticket,), _ = submit_spec(engine, spec, "video")
-        job = app.state.videos.add(ticket, spec.prompt, spec.width, spec.height,
-                                   spec.num_frames)
-        return app.state.videos.describe(job, engine.progress(ticket.request_id))
-
-    @app.get("/v1/videos/{video_id}")
-    async def get_video(video_id: str):
-        job = app.state.videos.get(video_id)
-        if job is None:
-            raise InvalidField("video_id", f"no video {video_id!r}") from None
-        return app.state.videos.describe(job, engine.progress(video_id))
-
-    @app.get("/v1/videos/{video_id}/content")
-    async def video_content(video_id: str):
-        job = app.state.videos.get(video_id)
-        if job is None or not job.ticket.future.done() or job.ticket.future.exception():
-            return JSONResponse({"error": {"message": f"video {video_id!r} is not completed",
-                                           "type": "invalid_request_error",
-                                           "param": "video_id", "code": 404}},
-                                status_code=404)
-        frames = job.ticket.future.result().output
-        return Response(outputs.gif_bytes(frames), media_type="image/gif")
-
-    @app.delete("/v1/videos/{video_id}")
-    async def delete_video(video_id: str):
-        job = app.state.videos.get(video_id)
-        if job is None:
-            raise InvalidField("video_id", f"no video {video_id!r}")
-        engine.cancel(video_id)
-        return {"id": video_id, "object": "video", "deleted": True}
