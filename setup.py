@@ -73,7 +73,8 @@ setup(
     ],
     extras_require={
         "dev": ["pytest", "hypothesis", "ruff", "pytest-timeout"],
-        "serve": ["fastapi", "uvicorn", "prometheus_client", "httpx", "openai"],
+        "serve": ["fastapi", "uvicorn", "prometheus_client", "httpx", "openai",
+                  "python-multipart", "av"],  # forms; MP4 (PyAV ships libx264)
         "triton": ["triton"],
         "npu": ["torch_npu"],
         "nvtx": ["nvtx"],
