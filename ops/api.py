@@ -6,6 +6,7 @@ import torch
 
 from ditmem.ops import validation
 from ditmem.ops.backends import backend_for, backend_module, select_backend
+from ditmem.ops.plan import AttentionPlan
 
 
 def paged_attention(
@@ -29,12 +30,35 @@ def paged_attention(
     Returns [total_q, H, D] in q's dtype; softmax in float32. A request with kv_lens[b] == 0
     yields zeros. Raises ValueError on malformed inputs.
     """
-    validation.check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale)
+    host = validation.check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table,
+                                            kv_lens, scale)
     scale = q.shape[2] ** -0.5 if scale is None else float(scale)
     impl = backend_module(backend_for(q))
     return impl.paged_attention(
-        q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale=scale
+        q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale=scale, host=host
     )
+
+
+def planned_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """:func:`paged_attention` with the index tensors of a validated, uploaded
+    :class:`~ditmem.ops.plan.AttentionPlan` (built once, reused by every layer): only
+    metadata is checked here and nothing is read from the device.
+
+    q: [plan.total_q, H, D]; k_cache/v_cache: [>= plan.min_blocks, plan.block_size, H_kv, D].
+    Returns [total_q, H, D] in q's dtype. Raises ValueError on mismatched operands.
+    """
+    validation.check_planned_attention(q, k_cache, v_cache, plan, scale)
+    scale = q.shape[2] ** -0.5 if scale is None else float(scale)
+    impl = backend_module(backend_for(q))
+    return impl.paged_attention(q, k_cache, v_cache, plan.cu_seqlens_q, plan.block_table,
+                                plan.kv_lens, scale=scale, host=plan.host)
 
 
 def write_blocks(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

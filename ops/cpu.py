@@ -41,7 +41,8 @@ def _blocks_packed(cache: torch.Tensor) -> bool:
     return cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(1) == h * d
 
 
-def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, scale):
+def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, scale,
+                    host=None):
     """See ditmem.ops.paged_attention (inputs already validated, scale resolved).
 
     The kernel reads blocks in place when each block is dense (any block stride, e.g. pages

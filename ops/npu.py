@@ -39,9 +39,11 @@ def _scale_keyword(torch_npu) -> str:
     return "scale_value" if "scale_value" in names else "scale"
 
 
-def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, scale):
+def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, scale,
+                    host=None):
     """See ditmem.ops.paged_attention (inputs validated). Raises ValueError for what the
-    NPU kernel cannot take (float32, block_size not a multiple of 16)."""
+    NPU kernel cannot take (float32, block_size not a multiple of 16). The kernel takes the
+    lengths as host lists: from ``host`` (a HostIndex) when given, else read here."""
     if q.dtype not in NPU_DTYPES:
         raise ValueError(
             f"q ({tuple(q.shape)}, {q.dtype}): the npu backend runs float16/bfloat16 only; "
@@ -53,14 +55,17 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, 
             f"k_cache (shape {tuple(k_cache.shape)}): the npu kernel needs block_size % 16 == 0"
         )
     torch_npu = _torch_npu()
-    cu = cu_seqlens_q.to(torch.int64).cpu()
-    lens = kv_lens.to(torch.int64).cpu()
+    if host is None:
+        q_ends = cu_seqlens_q[1:].to(torch.int64).cpu().tolist()
+        kv_list = kv_lens.to(torch.int64).cpu().tolist()
+    else:
+        q_ends, kv_list = list(host.q_ends), list(host.kv_lens)
     kwargs = {
         "input_layout": "TND",
         "num_heads": q.shape[1],
         "num_key_value_heads": kv_heads,
-        "actual_seq_lengths": cu[1:].tolist(),
-        "actual_seq_lengths_kv": lens.tolist(),
+        "actual_seq_lengths": q_ends,
+        "actual_seq_lengths_kv": kv_list,
         "block_table": block_table.to(torch.int32).contiguous(),
         "block_size": block_size,
         "sparse_mode": 0,
@@ -73,8 +78,9 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, *, 
         **kwargs,
     )
     out = out.reshape(q.shape)
-    empty = lens == 0
-    if bool(empty.any()):  # the contract says zeros; do not rely on the kernel for it
-        rows = torch.repeat_interleave(empty, cu[1:] - cu[:-1])
-        out[rows.to(out.device)] = 0
+    start = 0
+    for end, n in zip(q_ends, kv_list, strict=True):  # the contract says zeros for no keys
+        if n == 0 and end > start:
+            out[start:end] = 0
+        start = end
     return out

@@ -16,8 +16,10 @@ def paged_attention(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float | None = None,
+    host=None,
 ) -> torch.Tensor:
-    """Ragged, non-causal attention of B requests over K/V stored in blocks.
+    """Ragged, non-causal attention of B requests over K/V stored in blocks (``host`` is
+    accepted for the backend interface and not needed).
 
     q: [total_q, H, D]; k_cache/v_cache: [num_blocks, block_size, H_kv, D];
     cu_seqlens_q: int32 [B+1]; block_table: int32 [B, max_blocks]; kv_lens: int32 [B].

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ditmem.ops.plan import HostIndex
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 #: Index tensors up to this many entries, on the CPU, are value-checked as Python lists.
@@ -99,7 +101,60 @@ def _raise_flagged(flags: list[torch.Tensor], msgs: list[str]) -> None:
 
 
 def check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_lens, scale):
-    """Validate paged_attention's inputs (see ditmem.ops.paged_attention for shapes)."""
+    """Validate paged_attention's inputs (see ditmem.ops.paged_attention for shapes); returns
+    the :class:`HostIndex` read on the way (one host read in all), or None when compiling."""
+    check_attention_operands(q, k_cache, v_cache, scale)
+    cu = _index("cu_seqlens_q", cu_seqlens_q, 1, q.device)
+    _need(cu.numel() >= 1, lambda: f"{_desc('cu_seqlens_q', cu)} must have B+1 >= 1 entries")
+    batch = cu.numel() - 1
+    bt = _index("block_table", block_table, 2, q.device)
+    lens = _index("kv_lens", kv_lens, 1, q.device)
+    _need(bt.shape[0] == batch, lambda: f"{_desc('block_table', bt)} must have B={batch} rows")
+    _need(lens.shape[0] == batch, lambda: f"{_desc('kv_lens', lens)} must have B={batch} entries")
+    if torch.compiler.is_compiling():  # no host reads inside a compiled graph
+        return None
+    if _small_cpu(cu, bt, lens):
+        cus, lens_list = cu.tolist(), lens.tolist()
+        msgs = _table_messages(bt.tolist(), lens_list, k_cache.shape[0], k_cache.shape[1],
+                               bt.shape[1], "kv_lens", bt.shape)
+    else:
+        flags, names = _table_problems(bt, lens, k_cache.shape[0], k_cache.shape[1], "kv_lens")
+        values = torch.cat([torch.stack(flags).to(torch.int64), cu.to(torch.int64),
+                            lens.to(torch.int64)]).tolist()  # the one host read
+        msgs = [m for bad, m in zip(values, names, strict=False) if bad]
+        cus = values[len(flags) : len(flags) + batch + 1]
+        lens_list = values[len(flags) + batch + 1 :]
+    if cus[0] != 0:
+        msgs.append(f"{_desc('cu_seqlens_q', cu)} must start at 0")
+    if any(b < a for a, b in zip(cus, cus[1:], strict=False)):
+        msgs.append(f"{_desc('cu_seqlens_q', cu)} must be non-decreasing")
+    if cus[-1] != q.shape[0]:
+        msgs.append(f"{_desc('cu_seqlens_q', cu)} must end at total_q={q.shape[0]}")
+    _need(not msgs, msgs[0] if msgs else "")
+    return HostIndex.from_lists(cus, lens_list)
+
+
+def check_planned_attention(q, k_cache, v_cache, plan, scale) -> None:
+    """Validate planned_attention's operands against an :class:`AttentionPlan` (metadata
+    only: the plan's values were checked when it was built; no host read)."""
+    from ditmem.ops.plan import AttentionPlan
+
+    if not isinstance(plan, AttentionPlan):
+        raise ValueError(f"plan must be an AttentionPlan, got {type(plan).__name__}")
+    check_attention_operands(q, k_cache, v_cache, scale)
+    _need(q.shape[0] == plan.total_q,
+          lambda: f"{_desc('q', q)} must have the plan's total_q={plan.total_q} rows")
+    _need(k_cache.shape[1] == plan.block_size,
+          lambda: f"{_desc('k_cache', k_cache)} block_size must be the plan's {plan.block_size}")
+    _need(k_cache.shape[0] >= plan.min_blocks,
+          lambda: f"{_desc('k_cache', k_cache)} has fewer blocks than the plan reads "
+                  f"({plan.min_blocks})")
+    _need(plan.kv_lens.device == q.device,
+          lambda: f"plan (on {plan.kv_lens.device}) must be on q's device {q.device}")
+
+
+def check_attention_operands(q, k_cache, v_cache, scale) -> None:
+    """Shapes, dtypes and devices of q, k_cache, v_cache and the scale (metadata only)."""
     q = _tensor("q", q)
     _need(q.dim() == 3, lambda: f"{_desc('q', q)} must be [total_q, num_heads, head_dim]")
     _need(q.dtype in FLOAT_DTYPES, lambda: f"{_desc('q', q)} must be float32, float16 or bfloat16")
@@ -129,41 +184,11 @@ def check_paged_attention(q, k_cache, v_cache, cu_seqlens_q, block_table, kv_len
         num_kv_heads > 0 and q.shape[1] % num_kv_heads == 0,
         lambda: f"{_desc('q', q)} num_heads must be a multiple of num_kv_heads={num_kv_heads}",
     )
-    cu = _index("cu_seqlens_q", cu_seqlens_q, 1, q.device)
-    _need(cu.numel() >= 1, lambda: f"{_desc('cu_seqlens_q', cu)} must have B+1 >= 1 entries")
-    batch = cu.numel() - 1
-    bt = _index("block_table", block_table, 2, q.device)
-    lens = _index("kv_lens", kv_lens, 1, q.device)
-    _need(bt.shape[0] == batch, lambda: f"{_desc('block_table', bt)} must have B={batch} rows")
-    _need(lens.shape[0] == batch, lambda: f"{_desc('kv_lens', lens)} must have B={batch} entries")
     if scale is not None:
         _need(
             isinstance(scale, (int, float)) and scale > 0 and scale != float("inf"),
             lambda: f"scale must be a positive finite float, got {scale!r}",
         )
-    if torch.compiler.is_compiling():  # no host reads inside a compiled graph
-        return
-    if _small_cpu(cu, bt, lens):
-        cus = cu.tolist()
-        msgs = _table_messages(bt.tolist(), lens.tolist(), k_cache.shape[0], k_cache.shape[1],
-                               bt.shape[1], "kv_lens", bt.shape)
-        if cus[0] != 0:
-            msgs.append(f"{_desc('cu_seqlens_q', cu)} must start at 0")
-        if any(b < a for a, b in zip(cus, cus[1:], strict=False)):
-            msgs.append(f"{_desc('cu_seqlens_q', cu)} must be non-decreasing")
-        if cus[-1] != q.shape[0]:
-            msgs.append(f"{_desc('cu_seqlens_q', cu)} must end at total_q={q.shape[0]}")
-        _need(not msgs, msgs[0] if msgs else "")
-        return
-    flags, msgs = _table_problems(bt, lens, k_cache.shape[0], k_cache.shape[1], "kv_lens")
-    diffs = cu[1:] - cu[:-1]
-    flags += [cu[0] != 0, (diffs < 0).any(), cu[-1] != q.shape[0]]
-    msgs += [
-        f"{_desc('cu_seqlens_q', cu)} must start at 0",
-        f"{_desc('cu_seqlens_q', cu)} must be non-decreasing",
-        f"{_desc('cu_seqlens_q', cu)} must end at total_q={q.shape[0]}",
-    ]
-    _raise_flagged(flags, msgs)
 
 
 def check_write_blocks(x, cache, slot_mapping):

@@ -78,3 +78,17 @@ TOLERANCE = {
     torch.float16: dict(atol=3e-3, rtol=3e-3),
     torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
 }
+
+
+def device_for(backend: str) -> torch.device:
+    """Where a backend's test tensors live: CUDA for triton when a GPU is present (the
+    interpreter takes CPU tensors otherwise), the CPU for the others."""
+    if backend == "triton" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def on_device(case: Case, device) -> Case:
+    """``case`` with its kernel inputs on ``device`` (the dense reference stays on the CPU)."""
+    moved = [t.to(device) for t in case.args()]
+    return Case(*moved, case.k_dense, case.v_dense)
