@@ -36,6 +36,13 @@ def toy_engine(policy="slo", pages=256, page_bytes=1024, step_sleep_s=0.0, **kw)
 @contextlib.contextmanager
 def running_server(engine: Engine, *, start_engine=True, **config):
     """Yield the base URL of a live server; stop it and the engine afterwards."""
+    with running_app(engine, start_engine=start_engine, **config) as (url, _app):
+        yield url
+
+
+@contextlib.contextmanager
+def running_app(engine: Engine, *, start_engine=True, **config):
+    """Yield (base URL, app) of a live server; stop it and the engine afterwards."""
     config.setdefault("model_name", "toy")
     config.setdefault("default_size", "64x64")
     config.setdefault("default_steps", 4)
@@ -53,7 +60,7 @@ def running_server(engine: Engine, *, start_engine=True, **config):
             raise RuntimeError("server did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(10)
