@@ -3,10 +3,13 @@ mixed resolutions and CFG branches included, on 2 gloo ranks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from ranks import run_ranks
 
 TOL = 1e-6
+
+pytestmark = pytest.mark.timeout(300)
 
 
 def _close(a, b) -> float:

@@ -1,0 +1,122 @@
+"""The control path between the node engine and its device workers: small picklable
+records only (ids, shapes, page numbers, timings). Tensors never travel here: latent rows
+move over the device link (collectives) or through shared-memory host pages, decoded
+images through a shared-memory segment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ditmem.models.request import GenerationRequest
+
+
+@dataclass(slots=True)
+class Encode:
+    """Encode ``request`` on this device (degree 1); its id is ``request.request_id``."""
+
+    request: GenerationRequest
+
+
+@dataclass(slots=True)
+class Step:
+    """One whole denoising step of ``request_ids`` packed together on ``devices`` (every
+    device of the group gets the same command; degree = ``len(devices)``)."""
+
+    request_ids: list[str]
+    devices: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Reshard:
+    """Move ``request_id`` from ``old`` to ``new`` devices over the device link; sent to
+    every device of ``cover`` (the aligned group containing both)."""
+
+    request_id: str
+    cover: tuple[int, ...]
+    old: tuple[int, ...]
+    new: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Offload:
+    """Park this device's part of ``request_id`` in its host pool; replies a
+    ``state_moves.HostCopy``."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Adopt:
+    """Restore ``request_id`` onto ``devices`` (this device's shard) from the host copies
+    ``parts`` (any workers' host pools)."""
+
+    request_id: str
+    parts: list[Any]
+    devices: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class DropHost:
+    """Free the host pages of this device's parked part of ``request_id``."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Decode:
+    """VAE-decode ``request_id`` (held at degree 1 here); the image comes back in a
+    shared-memory segment (``SharedImage``)."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Release:
+    """Free every page (device and host) this device holds for ``request_id``."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Stats:
+    """Page counts and held requests of this device."""
+
+
+@dataclass(slots=True)
+class Stop:
+    """Leave the process groups and exit."""
+
+
+@dataclass(slots=True)
+class SharedImage:
+    """A decoded image in shared memory segment ``name``: ``shape``, numpy ``dtype``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(slots=True)
+class DeviceStats:
+    """device_pages / host_pages: used pages of the device pool / host pool; held: request
+    ids with a part on the device; parked: with a part in host pages."""
+
+    device: int
+    device_pages: int
+    host_pages: int
+    held: list[str] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Reply:
+    """What a worker answers: ``ok`` with ``value``, or the ``error`` text; ``seconds`` the
+    command took on the worker; ``device_pages`` used after it."""
+
+    device: int
+    ok: bool
+    value: Any = None
+    error: str = ""
+    seconds: float = 0.0
+    device_pages: int = 0

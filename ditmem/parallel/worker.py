@@ -1,0 +1,215 @@
+"""One device worker: a process that owns one device, its page pool and offload engine,
+joins the node's process groups once at start, and executes the engine's commands
+(:mod:`ditmem.parallel.commands`) one at a time.
+
+On CPU a "device" is this process pinned to one core (``torch`` with one thread); on
+CUDA / NPU it is ``cuda:<index>`` / ``npu:<index>``. A step at degree 1 is the generator's
+own packed step; at degree ``d > 1`` (Qwen-Image) it is the sequence-parallel packed step
+of :mod:`ditmem.parallel.qwen_sp` over the group's process group, with each device
+holding its token shard of the latents and updating only those rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+import torch
+
+from ditmem.parallel import commands as cmd
+from ditmem.parallel import state_moves
+from ditmem.parallel.groups import close_node, init_node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    """How every worker of a node is built (the same for all)."""
+
+    model: str
+    num_devices: int
+    port: int
+    device_type: str = "cpu"
+    pool_pages: int = 1024
+    page_bytes: int = 1 << 16
+    model_kwargs: dict | None = None
+    threads: int = 1
+    collective_timeout_s: float = 120.0
+
+
+@dataclass(slots=True)
+class Part:
+    """This device's part of a request: its state and the devices of its group."""
+
+    state: object
+    devices: tuple[int, ...]
+
+
+def device_of(device_type: str, index: int) -> torch.device:
+    return torch.device("cpu") if device_type == "cpu" else torch.device(device_type, index)
+
+
+class DeviceWorker:
+    """The command handlers of one worker (see module docstring)."""
+
+    def __init__(self, index: int, generator, pool, hosts, offload, groups) -> None:
+        self.index = index
+        self.gen = generator
+        self.pool = pool
+        self.hosts = hosts
+        self.host = hosts[index]
+        self.offloader = offload
+        self.groups = groups
+        self.held: dict[str, Part] = {}
+        self.parked: dict[str, Part] = {}
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, command) -> cmd.Reply:
+        start = time.perf_counter()
+        try:
+            handler = getattr(self, "_" + type(command).__name__.lower())
+            value = handler(command)
+            ok, error = True, ""
+        except Exception as exc:  # the engine decides what a failed command means
+            log.debug("device %d: %s failed", self.index, type(command).__name__,
+                      exc_info=True)
+            value, ok = None, False
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+        return cmd.Reply(self.index, ok, value, error, time.perf_counter() - start,
+                         self.pool.num_used_pages)
+
+    def _part(self, request_id: str) -> Part:
+        try:
+            return self.held[request_id]
+        except KeyError:
+            raise KeyError(f"device {self.index} holds no part of {request_id!r}") from None
+
+    # ------------------------------------------------------------------ commands
+    def _encode(self, c: cmd.Encode) -> bool:
+        rid = c.request.request_id
+        if not rid or rid in self.held or rid in self.parked:
+            raise ValueError(f"encode: request_id {rid!r} is empty or already held")
+        state = self.gen.encode(c.request, self.pool)
+        if state is None:
+            return False
+        self.held[rid] = Part(state, (self.index,))
+        return True
+
+    def _step(self, c: cmd.Step) -> int:
+        parts = [self._part(r) for r in c.request_ids]
+        for r, p in zip(c.request_ids, parts, strict=True):
+            if p.devices != c.devices:
+                raise ValueError(f"step: {r} is held on devices {p.devices}, the step runs on "
+                                 f"{c.devices}")
+        states = [p.state for p in parts]
+        if len(c.devices) == 1:
+            self.gen.step(states)
+        else:
+            from ditmem.parallel.sp_step import sharded_step
+
+            sharded_step(self.gen, states, self.groups[c.devices], c.devices.index(self.index),
+                         len(c.devices))
+        return len(states)
+
+    def _reshard(self, c: cmd.Reshard) -> bool:
+        part = self.held.get(c.request_id) if self.index in c.old else None
+        if self.index in c.old and part is None:
+            raise KeyError(f"reshard: device {self.index} holds no part of {c.request_id!r}")
+        group = self.groups[c.cover]
+        fresh = state_moves.reshard(None if part is None else part.state, group, c.cover,
+                                    self.index, c.old, c.new, self.pool, c.request_id)
+        self.held.pop(c.request_id, None)
+        if fresh is not None:
+            self.held[c.request_id] = Part(fresh, c.new)
+        return fresh is not None
+
+    def _offload(self, c: cmd.Offload) -> state_moves.HostCopy:
+        part = self._part(c.request_id)
+        part.state.offload(self.offloader)
+        del self.held[c.request_id]
+        self.parked[c.request_id] = part
+        return state_moves.host_copy(part.state, self.index, part.devices.index(self.index),
+                                     len(part.devices))
+
+    def _adopt(self, c: cmd.Adopt) -> bool:
+        if c.request_id in self.held:
+            raise ValueError(f"adopt: device {self.index} already holds {c.request_id!r}")
+        state = state_moves.adopt(c.parts, self.hosts, self.pool, c.devices.index(self.index),
+                                  len(c.devices), c.request_id, self.pool.device)
+        if state is None:
+            return False
+        self.held[c.request_id] = Part(state, c.devices)
+        return True
+
+    def _drophost(self, c: cmd.DropHost) -> None:
+        part = self.parked.pop(c.request_id, None)
+        if part is not None:
+            part.state.free()
+
+    def _decode(self, c: cmd.Decode) -> cmd.SharedImage:
+        part = self._part(c.request_id)
+        if len(part.devices) != 1:
+            raise ValueError(f"decode: {c.request_id} is held at degree {len(part.devices)}; "
+                             "move it to one device first")
+        image = np.ascontiguousarray(self.gen.decode(part.state))
+        segment = shared_memory.SharedMemory(create=True, size=max(1, image.nbytes))
+        np.ndarray(image.shape, image.dtype, buffer=segment.buf)[...] = image
+        out = cmd.SharedImage(segment.name, image.shape, str(image.dtype))
+        segment.close()  # the engine unlinks it once copied
+        return out
+
+    def _release(self, c: cmd.Release) -> None:
+        for table in (self.held, self.parked):
+            part = table.pop(c.request_id, None)
+            if part is not None:
+                part.state.free()
+
+    def _stats(self, c: cmd.Stats) -> cmd.DeviceStats:
+        return cmd.DeviceStats(self.index, self.pool.num_used_pages, self.host.num_used_pages,
+                               sorted(self.held), sorted(self.parked))
+
+
+def _pin(index: int) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
+
+
+def worker_main(index: int, config: WorkerConfig, hosts, conn) -> None:
+    """Entry point of worker ``index`` (spawned by the node engine): build everything, say
+    ready, then serve commands from ``conn`` until :class:`~commands.Stop`."""
+    import ditmem.models as dm
+    from ditmem.memory import OffloadEngine, PagePool
+
+    try:
+        if config.device_type == "cpu":
+            _pin(index)
+        torch.set_num_threads(config.threads)
+        device = device_of(config.device_type, index)
+        if device.type != "cpu":
+            getattr(torch, device.type).set_device(device)
+        groups = init_node(index, config.num_devices, config.port, config.device_type,
+                           config.collective_timeout_s)
+        gen = dm.load(config.model, device=device, **(config.model_kwargs or {}))
+        pool = PagePool(config.pool_pages, config.page_bytes, device)
+        worker = DeviceWorker(index, gen, pool, hosts, OffloadEngine(pool, hosts[index]),
+                              groups)
+    except Exception as exc:
+        conn.send(cmd.Reply(index, False, error=f"start failed: {type(exc).__name__}: {exc}"))
+        return
+    conn.send(cmd.Reply(index, True, value=os.getpid()))
+    try:
+        while True:
+            command = conn.recv()
+            if isinstance(command, cmd.Stop):
+                break
+            conn.send(worker.handle(command))
+    except (EOFError, KeyboardInterrupt):  # the engine went away
+        pass
+    finally:
+        close_node()

@@ -1,0 +1,123 @@
+"""The node engine on 2 CPU devices (worker processes, gloo): degree changes between
+steps, migration through host pages, page accounting, and a killed worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from ditmem.models.request import GenerationRequest
+from ditmem.parallel.node import DeviceLost, NodeEngine
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 5
+
+
+def _request(rid: str, seed: int, width: int, height: int, cfg: bool) -> GenerationRequest:
+    return GenerationRequest(
+        "a red cat on a mat" if cfg else "a lighthouse", width=width, height=height,
+        num_inference_steps=STEPS, negative_prompt="blurry" if cfg else None,
+        guidance_scale=4.0 if cfg else 1.0, seed=seed, request_id=rid)
+
+
+@pytest.fixture(scope="module")
+def node():
+    engine = NodeEngine("tiny-qwen-image", num_devices=2, pool_pages=256, page_bytes=1 << 14,
+                        host_pages=256, start_timeout_s=300, command_timeout_s=300)
+    yield engine
+    engine.close()
+
+
+def _pages(node):
+    return {d: (s.device_pages, s.host_pages) for d, s in node.stats().items()}
+
+
+def test_preempted_at_degree_two_resumed_at_degree_one_on_other_device(node):
+    """Tolerance: images equal to within 1 uint8 level. The degree-2 step computes every
+    token's rows in GEMMs of other row counts and attention per head on another process;
+    each op is the same arithmetic, so latents agree to fp32 rounding at worst (on this CPU
+    they come out bit-identical; other BLAS or GPU kernels may round a shard differently),
+    and a latent differing in the last bits can move a decoded pixel by one level."""
+    a = _request("a", 7, 80, 48, cfg=True)     # 15 image tokens: uneven shards
+    b = _request("b", 3, 64, 64, cfg=False)
+    refs = {r.request_id: _request("ref-" + r.request_id, r.seed, r.width, r.height,
+                                   r.negative_prompt is not None) for r in (a, b)}
+    assert node.encode(a, 0) and node.encode(b, 0)
+    for ref in refs.values():
+        assert node.encode(ref, 0)
+    # uninterrupted single-device references on device 0
+    for _ in range(STEPS):
+        node.step([((0,), ["ref-a", "ref-b"])])
+    expected = {rid: node.decode(ref.request_id) for rid, ref in refs.items()}
+    for ref in refs.values():
+        node.release(ref.request_id)
+
+    node.step([((0,), ["a", "b"])])                      # step 1 at degree 1 on device 0
+    node.move("a", (0, 1))                               # re-shard over the device link
+    node.move("b", (0, 1))
+    (result,) = node.step([((0, 1), ["a", "b"])])        # steps 2-3 at degree 2, packed
+    node.step([((0, 1), ["a", "b"])])
+    assert set(result.device_pages) == {0, 1}
+    node.park("a")                                       # preempted at degree 2
+    node.park("b")
+    pages = _pages(node)
+    assert pages[0][0] == 0 and pages[1][0] == 0          # nothing left on the devices
+    assert pages[0][1] > 0 and pages[1][1] > 0            # both shards in host pages
+    assert node.resume("a", (1,))                        # the other device, degree 1
+    assert node.resume("b", (0,))
+    stats = node.stats()
+    assert stats[1].held == ["a"] and stats[0].held == ["b"]
+    assert stats[0].host_pages == 0 and stats[1].host_pages == 0  # host copies dropped
+    for _ in range(STEPS - 3):                           # both devices at once
+        node.step([((1,), ["a"]), ((0,), ["b"])])
+    for rid in ("a", "b"):
+        image = node.decode(rid)
+        assert image.shape == expected[rid].shape
+        diff = np.abs(image.astype(int) - expected[rid].astype(int)).max()
+        assert diff <= 1, f"{rid}: image differs by {diff} levels"
+        node.release(rid)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}        # no page leaks on any device
+
+
+def test_degree_one_to_two_and_back_on_device_link_frees_old_parts(node):
+    r = _request("c", 5, 64, 48, cfg=True)
+    assert node.encode(r, 1)
+    before = _pages(node)[1][0]
+    node.move("c", (0, 1))
+    sharded = _pages(node)
+    assert sharded[0][0] > 0 and sharded[1][0] > 0
+    node.step([((0, 1), ["c"])])
+    node.move("c", (0,))
+    after = _pages(node)
+    assert after[1][0] == 0 and after[0][0] == before    # same state size, other device
+    with pytest.raises(ValueError, match="held on"):
+        node.step([((1,), ["c"])])
+    with pytest.raises(ValueError, match="aligned"):
+        node.move("c", (1, 0, 2))
+    node.release("c")
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_killed_worker_fails_only_its_requests():
+    with NodeEngine("tiny-qwen-image", num_devices=2, pool_pages=128, page_bytes=1 << 14,
+                    host_pages=64, start_timeout_s=300, command_timeout_s=120) as node:
+        keep, lose = _request("keep", 1, 64, 32, cfg=False), _request("lose", 2, 64, 32, False)
+        assert node.encode(keep, 0) and node.encode(lose, 1)
+        node.step([((0,), ["keep"]), ((1,), ["lose"])])
+        os.kill(node.pids[1], signal.SIGKILL)
+        with pytest.raises(DeviceLost, match="device 1"):
+            node.step([((1,), ["lose"])])
+        assert "device 1" in node.failed["lose"] and "keep" not in node.failed
+        with pytest.raises(DeviceLost, match="lose failed"):
+            node.decode("lose")
+        for _ in range(STEPS - 1):
+            node.step([((0,), ["keep"])])                 # device 0 keeps serving
+        image = node.decode("keep")
+        assert image.shape == (32, 64, 3)
+        node.release("keep")
+        assert set(node.stats()) == {0}
+        assert node.stats()[0].device_pages == 0
