@@ -11,8 +11,9 @@ has worked ``now - reported_at`` seconds since, highest priority first, and has 
 received everything routed to it after the report.
 
 The ditmem rule (:func:`rank_replicas`) places a request of priority ``p`` and ``w``
-seconds of work on replica ``r`` as the replica's step policy would run it: behind the
-work of priorities ``<= p``, ahead of lower priorities. It ranks the replicas in three
+seconds of work (``w * speed`` on a replica whose cost model measured it ``speed`` times
+slower than the profile) on replica ``r`` as the replica's step policy would run it: behind
+the work of priorities ``<= p``, ahead of lower priorities. It ranks the replicas in three
 tiers:
 
 0. the request meets its deadline there and no lower-priority class whose earliest
@@ -43,7 +44,9 @@ class ReplicaLoad:
     started); ``slack_s[p]``: the least slack among its priority-``p`` requests (deadline
     minus the time the request would finish if the replica ran its backlog in priority
     order, seconds; None when it has none of that priority); ``free_pages`` / ``total_pages``:
-    its device page pool; ``ongoing``: requests it holds (queued + started)."""
+    its device page pool; ``ongoing``: requests it holds (queued + started); ``speed``: its
+    measured / predicted time factor (the cost model's correction): a request priced at
+    ``w`` seconds takes ``w * speed`` there."""
 
     replica: str
     backlog_s: tuple[float, float, float]
@@ -52,6 +55,7 @@ class ReplicaLoad:
     total_pages: int
     ongoing: int
     reported_at: float
+    speed: float = 1.0
 
     @property
     def earliest_slack_s(self) -> float | None:
@@ -63,7 +67,7 @@ class ReplicaLoad:
         return {"replica": self.replica, "backlog_s": list(self.backlog_s),
                 "slack_s": list(self.slack_s), "free_pages": self.free_pages,
                 "total_pages": self.total_pages, "ongoing": self.ongoing,
-                "reported_at": self.reported_at}
+                "reported_at": self.reported_at, "speed": self.speed}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplicaLoad:
@@ -74,11 +78,14 @@ class ReplicaLoad:
             load = cls(replica=str(data["replica"]), backlog_s=backlog, slack_s=slack,
                        free_pages=int(data["free_pages"]),
                        total_pages=int(data["total_pages"]), ongoing=int(data["ongoing"]),
-                       reported_at=float(data["reported_at"]))
+                       reported_at=float(data["reported_at"]),
+                       speed=float(data.get("speed", 1.0)))
         except KeyError as exc:
             raise ValueError(f"routing stats: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise ValueError(f"routing stats: malformed ({exc})") from None
+        if not load.speed > 0:
+            raise ValueError(f"routing stats: speed must be > 0, got {load.speed}")
         if len(load.backlog_s) != 3 or len(load.slack_s) != 3:
             raise ValueError("routing stats: backlog_s and slack_s need one entry per "
                              "priority 0, 1, 2")
@@ -146,6 +153,7 @@ class Estimate:
     slack_s: list[float | None]
     free_pages: int
     ongoing: int
+    speed: float = 1.0
 
     @property
     def total_s(self) -> float:
@@ -163,11 +171,11 @@ def estimate(load: ReplicaLoad, sent: Sequence[Sent], now: float) -> Estimate:
     for entry in sorted(sent, key=lambda s: s.sent_at):
         _work(backlog, entry.sent_at - clock)
         clock = max(clock, entry.sent_at)
-        _place(backlog, slack, entry.request, entry.sent_at)
+        _place(backlog, slack, entry.request, entry.sent_at, load.speed)
         free -= entry.request.pages
         ongoing += 1
     _work(backlog, now - clock)
-    return Estimate(load.replica, backlog, slack, free, ongoing)
+    return Estimate(load.replica, backlog, slack, free, ongoing, load.speed)
 
 
 def _work(backlog: list[float], seconds: float) -> None:
@@ -180,15 +188,16 @@ def _work(backlog: list[float], seconds: float) -> None:
 
 
 def _place(backlog: list[float], slack: list[float | None], req: RouteRequest,
-           at: float) -> None:
-    """Add ``req`` to a replica's backlog: lower priorities now wait ``work_s`` longer."""
-    own = req.deadline - at - sum(backlog[: req.priority + 1]) - req.work_s
-    backlog[req.priority] += req.work_s
+           at: float, speed: float) -> None:
+    """Add ``req`` to a replica's backlog: lower priorities now wait its work longer."""
+    work = req.work_s * speed
+    own = req.deadline - at - sum(backlog[: req.priority + 1]) - work
+    backlog[req.priority] += work
     current = slack[req.priority]
     slack[req.priority] = own if current is None else min(current, own)
     for q in range(req.priority + 1, len(PRIORITIES)):
         if slack[q] is not None:
-            slack[q] -= req.work_s
+            slack[q] -= work
 
 
 @dataclass(slots=True)
@@ -204,22 +213,23 @@ class Score:
 
 def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     """Tier and in-tier key of placing ``req`` on the replica ``est`` describes."""
+    work = req.work_s * est.speed
     ahead = sum(est.backlog_s[: req.priority + 1])
-    finish = now + ahead + req.work_s
+    finish = now + ahead + work
     # A request that needs more pages than are free waits for some to come free: at worst
     # until the replica's whole backlog ran.
     if est.free_pages < req.pages:
-        finish = max(finish, now + est.total_s + req.work_s)
+        finish = max(finish, now + est.total_s + work)
     if finish > req.deadline:
         return Score(est.replica, 2, finish, finish, est.free_pages)
     inflicted = 0.0
     for q in range(req.priority + 1, len(PRIORITIES)):
         s = est.slack_s[q]
-        if s is not None and s >= 0 and s - req.work_s < 0:
-            inflicted += req.work_s - s
+        if s is not None and s >= 0 and s - work < 0:
+            inflicted += work - s
     if inflicted > 0:
         return Score(est.replica, 1, inflicted, finish, est.free_pages)
-    return Score(est.replica, 0, est.total_s + req.work_s, finish, est.free_pages)
+    return Score(est.replica, 0, est.total_s + work, finish, est.free_pages)
 
 
 def rank_replicas(req: RouteRequest, loads: Sequence[ReplicaLoad], book: RoutingBook,
@@ -301,7 +311,7 @@ def make_router(name: str, seed: int = 0):
 
 
 def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages: int,
-            total_pages: int, now: float) -> ReplicaLoad:
+            total_pages: int, now: float, speed: float = 1.0) -> ReplicaLoad:
     """A replica's report from its live requests, each ``(priority, deadline,
     remaining_s)``: backlog by priority, and each class's least slack when the backlog runs
     in priority order, earliest deadline first within a class."""
@@ -318,4 +328,4 @@ def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages:
         slack[priority] = s if current is None else min(current, s)
     return ReplicaLoad(replica, (backlog[0], backlog[1], backlog[2]),
                        (slack[0], slack[1], slack[2]), free_pages, total_pages, len(items),
-                       now)
+                       now, speed)

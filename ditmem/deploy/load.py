@@ -15,7 +15,9 @@ def replica_load(engine, replica: str, wall_now: float | None = None) -> Replica
     """The :class:`ReplicaLoad` of a running :class:`ditmem.engine.Engine` now.
 
     Remaining work per request is the engine's cost model's (``remaining_time`` of a started
-    request, ``standalone_s`` of a queued one), as in ``Engine.backlog_s``."""
+    request, ``standalone_s`` of a queued one), as in ``Engine.backlog_s``; ``speed`` is the
+    cost model's measured/predicted step factor, so the router prices new requests as this
+    replica has been running them."""
     wall = time.time() if wall_now is None else wall_now
     offset = wall - engine.clock()
     with engine.intake.lock:
@@ -30,7 +32,8 @@ def replica_load(engine, replica: str, wall_now: float | None = None) -> Replica
                                                    status.blocks_done)
         items.append((sched.priority, sched.deadline + offset, remaining))
     stats = engine.stats()
-    return load_of(replica, items, stats.pages_free, engine.pool.num_pages, wall)
+    speed = engine.cost.correction(engine.model)
+    return load_of(replica, items, stats.pages_free, engine.pool.num_pages, wall, speed)
 
 
 def live_progress(engine) -> dict[str, float]:

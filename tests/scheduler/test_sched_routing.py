@@ -106,6 +106,16 @@ def test_what_the_router_sent_since_the_last_report_counts():
     assert picks == ["a", "b", "b", "b", "b"]
 
 
+def test_a_slower_replica_counts_the_request_longer():
+    # b reports less backlog but runs 3x slower than the profile: the 2 s request takes
+    # 6 s there and finishes at 1 + 6 = 7, past the 6.5 s deadline; on a at 4 + 2 = 6.
+    loads = [load("a", backlog=(0.0, 4.0, 0.0)),
+             ReplicaLoad("b", (0.0, 1.0, 0.0), (None, None, None), 100, 100, 1, 0.0, 3.0)]
+    ranked = rank_replicas(req(2.0, deadline=6.5), loads, RoutingBook(), now=0.0)
+    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
+    assert ranked[1].finish == pytest.approx(7.0)
+
+
 def test_round_robin_ignores_load():
     loads = [load("a", backlog=(0.0, 50.0, 0.0)), load("b"), load("c")]
     rr, book = RoundRobin(), RoutingBook()
