@@ -34,6 +34,8 @@ from itertools import accumulate
 
 import torch
 
+from ditmem.ops.plan import AttentionPlan
+
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -55,7 +57,9 @@ class PackedLayout:
     (python ints); num_blocks: blocks in the blocked layout; block_table: int32
     [B, max_blocks]; kv_lens: int32 [B]; slots: int64 [T], row t of the packed layout goes
     to flat row ``slots[t]`` (= block * block_size + offset) of the blocked layout;
-    segment_ids: int64 [T], which segment row t belongs to.
+    segment_ids: int64 [T], which segment row t belongs to; plan: the validated, uploaded
+    :class:`~ditmem.ops.plan.AttentionPlan` of a self-attention over this layout (its
+    tensors are ``cu_seqlens``, ``block_table`` and ``kv_lens``): every layer reuses it.
     """
 
     lengths: list[int]
@@ -67,6 +71,7 @@ class PackedLayout:
     kv_lens: torch.Tensor
     slots: torch.Tensor
     segment_ids: torch.Tensor
+    plan: AttentionPlan
 
     @staticmethod
     def build(
@@ -81,26 +86,26 @@ class PackedLayout:
         if block_size <= 0:
             raise ValueError(f"PackedLayout.build: block_size must be > 0, got {block_size}")
         counts = [blocks_for(n, block_size) for n in lengths]
+        starts = list(accumulate(counts[:-1], initial=0))
+        plan = AttentionPlan.build(
+            q_lens=lengths, kv_lens=lengths, block_size=block_size, num_blocks=sum(counts),
+            block_tables=[list(range(s, s + c)) for s, c in zip(starts, counts, strict=True)],
+            device=device)
         if len(lengths) == 1:  # the same tensors, built with fewer ops
             n, nb = lengths[0], counts[0]
             return PackedLayout(
                 lengths=lengths,
                 block_size=block_size,
-                cu_seqlens=torch.tensor([0, n], dtype=torch.int32, device=device),
+                cu_seqlens=plan.cu_seqlens_q,
                 block_starts=[0],
                 num_blocks=nb,
-                block_table=torch.arange(max(1, nb), dtype=torch.int32, device=device)
-                .mul_(nb > 0).view(1, -1),
-                kv_lens=torch.tensor([n], dtype=torch.int32, device=device),
+                block_table=plan.block_table,
+                kv_lens=plan.kv_lens,
                 slots=torch.arange(n, device=device),
                 segment_ids=torch.zeros(n, dtype=torch.int64, device=device),
+                plan=plan,
             )
-        starts = list(accumulate(counts[:-1], initial=0))
         cu = list(accumulate(lengths, initial=0))
-        max_blocks = max(1, max(counts))
-        cols = torch.arange(max_blocks, dtype=torch.int32)
-        first, count = torch.tensor([starts, counts], dtype=torch.int32)
-        table = torch.where(cols < count[:, None], first[:, None] + cols, 0)
         lens_t = torch.tensor(lengths, dtype=torch.int64)
         segment_ids = torch.repeat_interleave(torch.arange(len(lengths)), lens_t)
         # row t of segment b sits at flat row starts[b] * block_size + (t - cu[b])
@@ -109,14 +114,26 @@ class PackedLayout:
         return PackedLayout(
             lengths=lengths,
             block_size=block_size,
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+            cu_seqlens=plan.cu_seqlens_q,
             block_starts=starts,
             num_blocks=sum(counts),
-            block_table=table.to(device),
-            kv_lens=lens_t.to(torch.int32).to(device),
+            block_table=plan.block_table,
+            kv_lens=plan.kv_lens,
             slots=slots.to(device),
             segment_ids=segment_ids.to(device),
+            plan=plan,
         )
+
+    def cross_plan(self, kv: PackedLayout) -> AttentionPlan:
+        """The plan of queries laid out by this layout over the keys of layout ``kv`` (same
+        segments in the same order: request b's queries attend to kv's segment b)."""
+        if len(kv.lengths) != len(self.lengths):
+            raise ValueError(f"kv: {len(kv.lengths)} segments for {len(self.lengths)} queries")
+        return AttentionPlan.build(
+            q_lens=self.lengths, kv_lens=kv.lengths, block_size=kv.block_size,
+            num_blocks=kv.num_blocks, device=self.cu_seqlens.device,
+            block_tables=[list(range(s, s + blocks_for(n, kv.block_size)))
+                          for s, n in zip(kv.block_starts, kv.lengths, strict=True)])
 
     @property
     def total(self) -> int:

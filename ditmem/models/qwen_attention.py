@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ditmem.models.packing import PackedLayout, batch_to_blocks, tiled
-from ditmem.ops import paged_attention
+from ditmem.ops import paged_attention, planned_attention
 
 
 @dataclass(slots=True)
@@ -212,9 +212,7 @@ class DitmemQwenAttnProcessor:
                 [torch.stack([tq, tk, tv], 1), torch.stack([q, k, v], 1)])
         k_blocks, v_blocks = p.to_blocks(tk, k, tv, v)
         lay = p.layout
-        o = paged_attention(
-            p.joint(tq, q), k_blocks, v_blocks, lay.cu_seqlens, lay.block_table, lay.kv_lens
-        ).flatten(1)
+        o = planned_attention(p.joint(tq, q), k_blocks, v_blocks, lay.plan).flatten(1)
         img_o, txt_o = p.split(o)
         if ex is not None:
             txt_o, img_o = ex.to_tokens([txt_o, img_o])

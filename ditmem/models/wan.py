@@ -108,7 +108,8 @@ class WanAdapter(ProcessorPatch):
             raise ValueError("requests: mix cross_kv and encoder_hidden_states in one call")
         if all(cached):
             batch = wan_packed.embed(self.model, requests, None)
-            batch.attention.cached = cached_text_kv(self.model, [kw["cross_kv"] for kw in requests])
+            batch.attention.cached = cached_text_kv(self.model, [kw["cross_kv"] for kw in requests],
+                                                    batch.layout.lengths)
         else:
             text = [kw.get("encoder_hidden_states") for kw in requests]
             for i, e in enumerate(text):

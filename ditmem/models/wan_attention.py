@@ -19,13 +19,14 @@ request's cached cross-attention pages (:mod:`ditmem.models.wan_kv_cache`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ditmem.models.packing import PackedLayout
-from ditmem.ops import paged_attention
+from ditmem.ops import planned_attention
+from ditmem.ops.plan import AttentionPlan
 
 
 @dataclass(slots=True)
@@ -46,13 +47,13 @@ class RopeTable:
 class CachedTextKV:
     """Cross-attention keys/values read from pages for one packed call.
 
-    views: per layer, ``(k_cache, v_cache, block_table)``: block pools
-    ``[num_blocks, block_size, H, D]`` (views of one arena, contiguous blocks) and int32
-    ``[B, max_blocks]``; kv_lens: int32 ``[B]`` text lengths.
+    views: per layer, ``(k_cache, v_cache, plan)``: block pools
+    ``[num_blocks, block_size, H, D]`` (views of one arena, contiguous blocks) and the
+    :class:`AttentionPlan` of the packed queries over them (built once per step, shared by
+    the layers of one page group).
     """
 
-    views: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    kv_lens: torch.Tensor
+    views: list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]]
 
 
 @dataclass(slots=True)
@@ -74,6 +75,14 @@ class PackedAttention:
     text_layout: PackedLayout | None = None
     cached: CachedTextKV | None = None
     exchange: Any = None
+    _text_plan: AttentionPlan | None = field(default=None, repr=False)
+
+    def text_plan(self) -> AttentionPlan:
+        """The plan of the video queries over the packed text K/V, built on first use and
+        reused by every layer of the step."""
+        if self._text_plan is None:
+            self._text_plan = self.layout.cross_plan(self.text_layout)
+        return self._text_plan
 
 
 def apply_rope(x: torch.Tensor, rope: RopeTable) -> torch.Tensor:
@@ -159,8 +168,8 @@ class WanSelfAttention:
             query, key = apply_rope(query, rope), apply_rope(key, rope)
         if ex is not None:  # this rank's tokens, all heads -> all tokens, this rank's heads
             ((query, key, value),) = ex.to_heads([torch.stack([query, key, value], 1)])
-        out = paged_attention(query, _blocked(layout, key), _blocked(layout, value),
-                              layout.cu_seqlens, layout.block_table, layout.kv_lens)
+        out = planned_attention(query, _blocked(layout, key), _blocked(layout, value),
+                                layout.plan)
         if ex is not None:
             (out,) = ex.to_tokens([out])
         return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)
@@ -189,19 +198,18 @@ class WanCrossAttention:
         ex = None if packed is None else packed.exchange
         heads = slice(None) if ex is None else ex.heads
         if packed is not None and packed.cached is not None:
-            k_cache, v_cache, table = packed.cached.views[self.layer]
+            k_cache, v_cache, plan = packed.cached.views[self.layer]
             k_cache, v_cache = k_cache[:, :, heads], v_cache[:, :, heads]
-            kv_lens = packed.cached.kv_lens
         else:
             key, value = text_kv(attn, text)
             key, value = key[..., heads, :], value[..., heads, :]
             k_cache = _blocked(kv_layout, key.flatten(0, 1)[: kv_layout.total])
             v_cache = _blocked(kv_layout, value.flatten(0, 1)[: kv_layout.total])
-            table, kv_lens = kv_layout.block_table, kv_layout.kv_lens
+            plan = packed.text_plan() if packed is not None else q_layout.cross_plan(kv_layout)
         flat_q = query.flatten(0, 1)[: q_layout.total if ex is None else ex.local_rows[0]]
         if ex is not None:
             ((flat_q,),) = ex.to_heads([flat_q[:, None]])
-        out = paged_attention(flat_q, k_cache, v_cache, q_layout.cu_seqlens, table, kv_lens)
+        out = planned_attention(flat_q, k_cache, v_cache, plan)
         if ex is not None:
             (out,) = ex.to_tokens([out])
         return _output(attn, _pad(out, batch * seq).unflatten(0, (batch, seq)), query)

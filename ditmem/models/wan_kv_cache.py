@@ -25,6 +25,7 @@ import torch
 
 from ditmem.memory import PagedTensor, TensorState, rows_per_page
 from ditmem.models.wan_attention import CachedTextKV, text_kv
+from ditmem.ops.plan import AttentionPlan
 
 SUB_BLOCK = 64  # kernel block size inside a page, when the page layout allows it
 
@@ -160,10 +161,11 @@ def _row_shape(model) -> tuple[int, int]:
     return (model.config.num_attention_heads, model.config.attention_head_dim)
 
 
-def cached_text_kv(model, caches: list[WanCrossKV]) -> CachedTextKV:
-    """Per-layer block pools and block tables of B requests' caches (one per packed
-    segment, in order) for ``paged_attention``. All caches must be attached, belong to
-    ``model`` and live in one pool."""
+def cached_text_kv(model, caches: list[WanCrossKV], q_lens: list[int]) -> CachedTextKV:
+    """Per-layer block pools of B requests' caches (one per packed segment, in order) and
+    the attention plans of the packed queries (``q_lens[b]`` rows of request b) over them,
+    built from the page lists on the host (one plan per page group, no device read). All
+    caches must be attached, belong to ``model`` and live in one pool."""
     for i, c in enumerate(caches):
         if not isinstance(c, WanCrossKV):
             raise ValueError(f"requests[{i}]['cross_kv']: expected a WanCrossKV, got "
@@ -176,33 +178,28 @@ def cached_text_kv(model, caches: list[WanCrossKV]) -> CachedTextKV:
         if c.tensors[0].pool is not caches[0].tensors[0].pool:
             raise ValueError(f"requests[{i}]['cross_kv']: lives in another page pool")
     geo = caches[0].geometry
-    kv_lens = torch.tensor([c.text_len for c in caches], dtype=torch.int32)
+    kv_lens = [c.text_len for c in caches]
     views = []
     for g, (_, count) in enumerate(geo.groups):
         arena = caches[0].tensors[g].kernel_view()  # [num_pages, rows_per_page, H, D]
-        table = _block_table([c.tensors[g].page_table for c in caches], geo, arena.device)
-        for j in range(count):
-            views.append((*_layer_pools(arena, geo, j, count), table))
-    return CachedTextKV(views, kv_lens.to(views[0][0].device))
+        pools = [_layer_pools(arena, geo, j, count) for j in range(count)]
+        plan = AttentionPlan.build(
+            q_lens=q_lens, kv_lens=kv_lens, block_size=geo.block_size,
+            block_tables=[_blocks(c.tensors[g].pages, geo) for c in caches],
+            num_blocks=pools[0][0].shape[0], device=arena.device)
+        views += [(k, v, plan) for k, v in pools]
+    return CachedTextKV(views)
 
 
-def _block_table(page_tables: list[torch.Tensor], geo: CrossKVGeometry, device) -> torch.Tensor:
-    """int32 ``[B, max_blocks]``: each request's blocks in token order. With page blocks
-    that is its page table; with sub-blocks, page ``p`` holds blocks ``p * per_page + i``
-    (``i < tokens_per_page / block_size``) of the arena read as 64-row blocks."""
+def _blocks(pages: list[int], geo: CrossKVGeometry) -> list[int]:
+    """A request's blocks in token order. With page blocks they are its pages; with
+    sub-blocks, page ``p`` holds blocks ``p * per_page + i`` (``i < tokens_per_page /
+    block_size``) of the arena read as 64-row blocks."""
     per_token_page = geo.tokens_per_page // geo.block_size
+    if per_token_page == 1:
+        return pages
     per_page = geo.rows_per_page // geo.block_size
-    rows = []
-    for t in page_tables:
-        t = t.to(device=device, dtype=torch.int64)
-        if per_token_page > 1:
-            t = (t[:, None] * per_page + torch.arange(per_token_page, device=device)).flatten()
-        rows.append(t)
-    table = torch.zeros(len(rows), max(r.numel() for r in rows), dtype=torch.int32,
-                        device=device)
-    for b, r in enumerate(rows):
-        table[b, : r.numel()] = r
-    return table
+    return [p * per_page + i for p in pages for i in range(per_token_page)]
 
 
 def _layer_pools(arena: torch.Tensor, geo: CrossKVGeometry, j: int, count: int):
