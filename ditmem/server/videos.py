@@ -114,7 +114,13 @@ class VideoStore:
         """Take a job whose bytes were reserved; its result is encoded when it finishes."""
         with self._lock:
             self._jobs[job.id] = job
-        job.ticket.future.add_done_callback(lambda fut: self._encoder.submit(self._finish, job))
+        job.ticket.future.add_done_callback(lambda fut: self._encode_later(job))
+
+    def _encode_later(self, job: VideoJob) -> None:
+        try:
+            self._encoder.submit(self._finish, job)
+        except RuntimeError:  # the store closed (shutdown): nobody will fetch it
+            log.info("video %s finished after the store closed", job.id)
 
     def get(self, video_id: str) -> VideoJob | None:
         with self._lock:

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 
 from toy import ToyGenerator, table_profile  # noqa: E402
 
+from ditmem.engine.accounting import ExactPagesCost  # noqa: E402
 from ditmem.engine.loop import Engine  # noqa: E402
 from ditmem.memory import HostPool, PagePool  # noqa: E402
 from ditmem.scheduler import CostModel, make_policy  # noqa: E402
@@ -28,7 +29,7 @@ def free_port() -> int:
 
 
 def toy_engine(policy="slo", pages=256, page_bytes=1024, step_sleep_s=0.0, **kw) -> Engine:
-    cost = CostModel.from_dict(table_profile())
+    cost = ExactPagesCost(CostModel.from_dict(table_profile()))  # as build_engine does
     return Engine(ToyGenerator(step_sleep_s), make_policy(policy, cost), cost,
                   PagePool(pages, page_bytes), HostPool(4 * pages, page_bytes), **kw)
 
