@@ -1,0 +1,134 @@
+"""Predicted times on a node: steps at a sequence-parallel degree, moves of paused state.
+
+``NodeCost`` wraps the single-device ``CostModel`` (batch-1 and packed step times, encode,
+decode, state bytes) and the profile's ``parallel``/``links`` sections. A packed step of
+token counts ``n_i`` at degree d costs ``cost.step_time(n) / speedup(Σ n_i, d)``. Encode and
+decode are single-device stages. A started request's state is token-sharded over its group
+(device at position p of a group of degree d holds the fraction [p/d, (p+1)/d)); moving it:
+
+* from the host: each device of the new group reads its shard over its own host link,
+  ``bytes / d_new / host_bw``;
+* between groups: a peer copy of what each new device lacks (re-sharding), the largest
+  receiver's bytes over the peer link — or through the host (offload + restore) when that
+  is cheaper.
+Step times learn online: one measured/predicted factor per model (EWMA), normalised to
+degree 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..cost import CostModel
+from ..request import Request
+from .speedup import ParallelProfile
+from .topology import Group
+
+
+def reshard_fraction(src: Group, dst: Group) -> float:
+    """Largest fraction of a request's state any device of ``dst`` must receive when the
+    state moves from ``src`` (token-contiguous shards; 0 when ``src == dst``)."""
+    worst = 0.0
+    for q, dev in enumerate(dst.devices):
+        lo, hi = q / dst.degree, (q + 1) / dst.degree
+        held = 0.0
+        if dev in src.devices:
+            p = dev - src.first
+            held = max(0.0, min(hi, (p + 1) / src.degree) - max(lo, p / src.degree))
+        worst = max(worst, (hi - lo) - held)
+    return worst
+
+
+class NodeCost:
+    """Node-level predictions over a ``CostModel`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        parallel: ParallelProfile | None = None,
+        *,
+        correction_alpha: float = 0.1,
+    ):
+        self.cost = cost
+        self.parallel = parallel if parallel is not None else ParallelProfile(cost.profile)
+        self.links = self.parallel.links
+        self.name = cost.name
+        self._alpha = correction_alpha
+        self._correction: dict[str, float] = {}
+        self._alone: dict[tuple[str, int, int], float] = {}
+
+    # ---- steps -----------------------------------------------------------------------
+    def speedup(self, model: str, tokens: float, degree: int) -> float:
+        return self.parallel.speedup(model, tokens, degree)
+
+    def correction(self, model: str) -> float:
+        return self._correction.get(model, 1.0)
+
+    def step_time(self, model: str, tokens: Sequence[int], degree: int = 1) -> float:
+        """Seconds for one step of a packed batch (token counts ``tokens``) at ``degree``."""
+        if not tokens:
+            return 0.0
+        base = self.cost.step_time(model, tokens)
+        return base / self.speedup(model, sum(tokens), degree) * self.correction(model)
+
+    def alone_step(self, request: Request, degree: int = 1) -> float:
+        """Seconds of one step of ``request`` alone at ``degree``."""
+        key = (request.model, self.cost.tokens(request), degree)
+        base = self._alone.get(key)
+        if base is None:
+            base = self.cost.step_time(request.model, [key[1]]) / self.speedup(
+                request.model, key[1], degree
+            )
+            self._alone[key] = base
+        return base * self.correction(request.model)
+
+    def remaining(self, request: Request, steps_done: int, degree: int = 1) -> float:
+        """Seconds still needed alone at ``degree``: steps left + decode (+ encode when it
+        has not started)."""
+        rest = (request.steps - steps_done) * self.alone_step(request, degree)
+        rest += self.cost.decode_time(request)
+        return rest + (self.cost.encode_time(request) if steps_done == 0 else 0.0)
+
+    def standalone(self, request: Request, degree: int = 1) -> float:
+        return self.remaining(request, 0, degree)
+
+    # ---- memory and moves ------------------------------------------------------------
+    def shard_pages(self, request: Request, degree: int, page_bytes: int) -> int:
+        """Pages each device of a group of ``degree`` holds for the request's state."""
+        return max(1, math.ceil(self.cost.state_bytes(request) / degree / page_bytes))
+
+    def restore_time(self, request: Request, dst: Group) -> float:
+        """Seconds to bring the state from the host into ``dst`` (shards in parallel)."""
+        return self.cost.state_bytes(request) / dst.degree / self.links.host_bytes_per_s
+
+    def offload_time(self, request: Request, src: Group) -> float:
+        """Seconds to park the state of a request resident on ``src`` in the host pool."""
+        return self.cost.state_bytes(request) / src.degree / self.links.host_bytes_per_s
+
+    def peer_time(self, request: Request, src: Group, dst: Group) -> float:
+        """Seconds of a peer copy re-sharding the state from ``src`` to ``dst``."""
+        nbytes = self.cost.state_bytes(request) * reshard_fraction(src, dst)
+        return nbytes / self.links.device_bytes_per_s
+
+    def move_time(self, request: Request, src: Group | None, dst: Group) -> tuple[float, str]:
+        """(seconds, "none" | "restore" | "peer" | "host") to make the state resident on
+        ``dst``; ``src`` None means it is on the host."""
+        if src is None:
+            return self.restore_time(request, dst), "restore"
+        if src == dst:
+            return 0.0, "none"
+        peer = self.peer_time(request, src, dst)
+        via_host = self.offload_time(request, src) + self.restore_time(request, dst)
+        return (peer, "peer") if peer <= via_host else (via_host, "host")
+
+    # ---- feedback --------------------------------------------------------------------
+    def observe_step(
+        self, model: str, tokens: Sequence[int], degree: int, steps: int, measured_s: float
+    ) -> None:
+        """Fold ``steps`` measured steps (``measured_s`` in all) into the model's factor."""
+        if steps <= 0 or measured_s <= 0 or not tokens:
+            return
+        predicted = self.step_time(model, tokens, degree) / self.correction(model) * steps
+        old = self.correction(model)
+        self._correction[model] = (1 - self._alpha) * old + self._alpha * measured_s / predicted

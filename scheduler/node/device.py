@@ -1,0 +1,134 @@
+"""The device interface the node loop runs against, and its virtual implementation.
+
+The loop (``ditmem.scheduler.node.simulator.run_node``) decides; devices execute. A ``Job``
+is one group's work until its next decision point: moves of paused state (offloads from
+the group's devices to the host, restores from the host, peer copies between groups),
+encodes of admitted members (single-device, spread over the group's devices), ``steps``
+denoising steps of one packed batch at the group's degree, and decodes of the members whose
+last step it runs (single-device, spread likewise). ``NodeDevices`` is what an engine with
+real devices implements (``launch`` hands a job to the group's workers, ``wait`` blocks for
+the next completion or until a time); ``VirtualDevices`` draws every duration around the
+node cost model with ``TimingNoise`` (the simulator's truth is not the policy's model).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..noise import TimingNoise
+from ..request import Request
+from .cost import NodeCost
+from .topology import Group
+
+
+@dataclass(slots=True)
+class Move:
+    """Make ``request``'s state resident on ``dst`` (None: park it on the host) from ``src``
+    (None: it is on the host)."""
+
+    request: Request
+    src: Group | None
+    dst: Group | None
+
+
+@dataclass(slots=True)
+class Job:
+    """One group's work until its next decision point (see the module docstring)."""
+
+    job_id: int
+    group: Group
+    batch: list[Request]
+    steps: int
+    moves: list[Move] = field(default_factory=list)
+    encodes: list[Request] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Timings:
+    """Seconds a job spent per stage (transfers, encodes, steps, decodes)."""
+
+    transfer_s: float = 0.0
+    encode_s: float = 0.0
+    step_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.transfer_s + self.encode_s + self.step_s + self.decode_s
+
+
+@dataclass(slots=True)
+class Completion:
+    job: Job
+    started: float
+    finished: float
+    timings: Timings
+
+
+class NodeDevices(Protocol):
+    """What the node loop needs from the devices (virtual here, real in the node engine)."""
+
+    def launch(self, job: Job, now: float) -> None:
+        """Start ``job`` on its group at ``now`` (its devices are idle)."""
+
+    def wait(self, until: float | None) -> list[Completion]:
+        """The next job completions, all finishing at the same earliest time, if that is no
+        later than ``until`` (None: wait for one); else an empty list."""
+
+
+def spread(durations: list[float], devices: int) -> float:
+    """Wall time of single-device stages spread round-robin over ``devices`` devices."""
+    loads = [0.0] * max(1, devices)
+    for i, d in enumerate(durations):
+        loads[i % len(loads)] += d
+    return max(loads, default=0.0)
+
+
+class VirtualDevices:
+    """Devices whose true times are drawn around ``truth`` (a NodeCost) with ``noise``."""
+
+    def __init__(self, truth: NodeCost, noise: TimingNoise | None = None):
+        self.truth = truth
+        self.noise = noise if noise is not None else TimingNoise(sigma=0.0)
+        self._heap: list[tuple[float, int, Completion]] = []
+        self.link_busy_s = 0.0
+
+    def timings(self, job: Job) -> Timings:
+        draw, truth = self.noise.draw, self.truth
+        t = Timings()
+        for mv in job.moves:
+            if mv.dst is None:
+                secs = truth.offload_time(mv.request, mv.src)
+            else:
+                secs, _ = truth.move_time(mv.request, mv.src, mv.dst)
+            t.transfer_s += draw(secs)
+        self.link_busy_s += t.transfer_s
+        cost = truth.cost
+        t.encode_s = spread([draw(cost.encode_time(r)) for r in job.encodes], job.group.degree)
+        if job.batch and job.steps:
+            model = job.batch[0].model
+            tokens = [cost.tokens(r) for r in job.batch]
+            step = truth.step_time(model, tokens, job.group.degree) / truth.correction(model)
+            t.step_s = sum(draw(step) for _ in range(job.steps))
+        t.decode_s = spread([draw(cost.decode_time(r)) for r in job.decodes], job.group.degree)
+        return t
+
+    def launch(self, job: Job, now: float) -> None:
+        t = self.timings(job)
+        done = Completion(job, now, now + t.total, t)
+        heapq.heappush(self._heap, (done.finished, job.job_id, done))
+
+    def wait(self, until: float | None) -> list[Completion]:
+        if not self._heap or (until is not None and self._heap[0][0] > until):
+            return []
+        first = self._heap[0][0]
+        out = []
+        while self._heap and self._heap[0][0] == first:
+            out.append(heapq.heappop(self._heap)[2])
+        return out
+
+    def __len__(self) -> int:
+        return len(self._heap)

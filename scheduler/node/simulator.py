@@ -1,0 +1,312 @@
+"""The node loop: arrivals → decision → jobs on groups → completions, over ``NodeDevices``.
+
+``run_node`` is written against the device interface only (``ditmem.scheduler.node.device``),
+so the node engine can drive real devices with it; ``simulate_node`` runs it on
+``VirtualDevices`` (durations drawn around the profile with ``TimingNoise``). Each job's
+order is the single-device loop's: offload → restore/migrate → admit/encode → step(s) →
+decode. The loop keeps the numbers a policy sees (free devices, pages per device, host
+pages) and checks every plan: a broken rule raises ``PlanError`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..noise import TimingNoise
+from ..queue import WaitingQueue
+from ..request import Request
+from ..simulator import PlanError
+from .cost import NodeCost
+from .device import Completion, Job, Move, NodeDevices, VirtualDevices
+from .plan import Assignment, NodeStatus, NodeView
+from .topology import Group, Node
+
+#: Most started (running + paused) requests per device (DESIGN.md: 64).
+MAX_STARTED_PER_DEVICE = 64
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """The outcome of one request (seconds) and how it ran: steps per degree, moves."""
+
+    request: Request
+    started: float
+    finished: float
+    preemptions: int
+    offloads: int
+    migrations: int
+    degrees: dict[int, int]
+    parks: int = 0
+
+    @property
+    def latency(self) -> float:
+        return self.finished - self.request.arrival
+
+    @property
+    def met(self) -> bool:
+        return self.finished <= self.request.deadline + 1e-9
+
+
+@dataclass(slots=True)
+class NodeReport:
+    """What one finished job measured (fed to ``policy.observe``)."""
+
+    now: float
+    group: Group
+    batch: list[str]
+    model: str
+    tokens: list[int]
+    steps: int
+    transfer_s: float
+    encode_s: float
+    step_s: float
+    decode_s: float
+    finished: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class NodeResult:
+    records: list[NodeRecord]
+    makespan: float
+    jobs: int
+    device_busy_s: float
+    decisions: int
+    link_busy_s: float = 0.0
+
+
+class _State:
+    """The loop's bookkeeping: who is where, free devices and pages."""
+
+    def __init__(self, node: Node, truth: NodeCost, model: str, page_bytes: int, cap):
+        self.node = node
+        self.truth = truth
+        self.page_bytes = page_bytes
+        self.free = node.all_mask
+        per_device = truth.cost.device_pages(model, page_bytes)
+        self.free_pages = [per_device] * node.devices
+        self.host_free = truth.cost.host_pages(page_bytes)
+        self.waiting = WaitingQueue()
+        self.started: dict[str, NodeStatus] = {}
+        self.running: dict[int, list[NodeStatus]] = {}
+        self.max_started = cap
+
+    def view(self, now: float) -> NodeView:
+        paused, running = [], []
+        for s in self.started.values():
+            (running if s.running else paused).append(s)
+        return NodeView(
+            now, self.node, self.free, paused, running, self.waiting, list(self.free_pages),
+            self.host_free, self.page_bytes, self.max_started,
+        )
+
+    def place(self, s: NodeStatus, group: Group | None) -> None:
+        """Move ``s``'s page accounting to ``group`` (None: the host pool)."""
+        total_pages = s.pages * (s.group.degree if s.group is not None else 0)
+        if s.group is not None:
+            for dev in s.group.devices:
+                self.free_pages[dev] += s.pages
+        else:
+            self.host_free += s.host_pages
+            s.host_pages = 0
+        if group is None:
+            if self.host_free < total_pages:
+                raise PlanError(f"offload of {s.id!r}: host pool full ({self.host_free} pages)")
+            self.host_free -= total_pages
+            s.group, s.host_pages = None, total_pages
+            return
+        pages = self.truth.shard_pages(s.request, group.degree, self.page_bytes)
+        short = [d for d in group.devices if self.free_pages[d] < pages]
+        if short:
+            raise PlanError(
+                f"{s.id!r} on group {group}: needs {pages} pages per device, device {short[0]} "
+                f"has {self.free_pages[short[0]]}"
+            )
+        for dev in group.devices:
+            self.free_pages[dev] -= pages
+        s.group, s.pages = group, pages
+
+
+def run_node(
+    requests: Sequence[Request],
+    policy,
+    devices: NodeDevices,
+    node: Node,
+    truth: NodeCost,
+    *,
+    slo_scale: float = 3.0,
+    page_bytes: int | None = None,
+    max_started_per_device: int | None = MAX_STARTED_PER_DEVICE,
+    progress: Callable[[int, int], None] | None = None,
+) -> NodeResult:
+    """Replay ``requests`` on ``node`` under ``policy`` (a node policy) with ``devices``.
+
+    Requests without a deadline get ``slo_scale`` × their standalone time at degree 1.
+    Every request runs to completion. At most ``max_started_per_device`` × D requests are
+    started at once (None: no cap).
+    """
+    if not requests:
+        return NodeResult([], 0.0, 0, 0.0, 0)
+    models = {r.model for r in requests}
+    if len(models) != 1:
+        raise ValueError(f"a node runs one model, got {sorted(models)}")
+    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+    for r in pending:
+        if r.deadline is None or r.standalone_s is None:
+            truth.cost.assign_deadline(r, slo_scale)
+    page_bytes = truth.cost.page_bytes if page_bytes is None else page_bytes
+    cap = None if max_started_per_device is None else max_started_per_device * node.devices
+    st = _State(node, truth, pending[0].model, page_bytes, cap)
+    records: list[NodeRecord] = []
+    total, nxt, now, jobs, decisions, busy = len(pending), 0, 0.0, 0, 0, 0.0
+    changed = True
+
+    def launch(a: Assignment) -> None:
+        nonlocal jobs
+        g = a.group
+        if g.mask & st.free != g.mask:
+            raise PlanError(f"group {g} is not free")
+        if a.steps < 1:
+            raise PlanError(f"assignment on {g}: steps must be >= 1, got {a.steps}")
+        moves: list[Move] = []
+        for rid in a.offload:
+            s = st.started.get(rid)
+            if s is None or s.running or s.group is None or not s.group.mask & g.mask:
+                raise PlanError(f"offload of {rid!r}: not a paused request resident on {g}")
+            moves.append(Move(s.request, s.group, None))
+            st.place(s, None)
+            s.offloads += 1
+        members, encodes = [], []
+        for rid in a.batch:
+            s = st.started.get(rid)
+            if s is not None:
+                if s.running:
+                    raise PlanError(f"{rid!r} is already running")
+                if s.group != g:
+                    moves.append(Move(s.request, s.group, g))
+                    s.migrations += s.group is not None
+                    st.place(s, g)
+            elif rid in st.waiting:
+                if st.max_started is not None and len(st.started) >= st.max_started:
+                    raise PlanError(f"admit of {rid!r}: {st.max_started} requests already started")
+                s = NodeStatus(st.waiting.remove(rid), started_at=now)
+                st.started[rid] = s
+                st.place(s, g)
+                encodes.append(s.request)
+            else:
+                raise PlanError(f"{rid!r}: neither started nor waiting")
+            members.append(s)
+        if len({s.id for s in members}) != len(members):
+            raise PlanError(f"batch {a.batch} repeats a request")
+        model = members[0].request.model if members else ""
+        if members and len(members) > truth.cost.max_batch(model):
+            raise PlanError(f"batch of {len(members)} exceeds max_batch")
+        if any(s.steps_left < a.steps for s in members):
+            raise PlanError(f"assignment on {g}: {a.steps} steps exceed a member's steps left")
+        decodes = [s.request for s in members if s.steps_left == a.steps]
+        job = Job(jobs, g, [s.request for s in members], a.steps if members else 0,
+                  moves, encodes, decodes)
+        predicted = _predict(policy.ncost, job)
+        for s in members:
+            if s.steps_done > 0 and now > s.last_end + 1e-9:
+                s.preemptions += 1
+            s.running, s.job_end = True, now + predicted
+        devices.launch(job, now)
+        st.running[job.job_id] = members
+        st.free &= ~g.mask
+        jobs += 1
+
+    def complete(c: Completion) -> None:
+        nonlocal busy
+        job = c.job
+        members = st.running.pop(job.job_id)
+        st.free |= job.group.mask
+        busy += (c.finished - c.started) * job.group.degree
+        finished = []
+        for s in members:
+            s.running = False
+            s.steps_done += job.steps
+            s.degrees[job.group.degree] = s.degrees.get(job.group.degree, 0) + job.steps
+            s.last_end = c.finished
+            if s.steps_left == 0:
+                for dev in s.group.devices:
+                    st.free_pages[dev] += s.pages
+                del st.started[s.id]
+                finished.append(s.id)
+                records.append(
+                    NodeRecord(s.request, s.started_at, c.finished, s.preemptions, s.offloads,
+                               s.migrations, dict(s.degrees))
+                )
+        model = job.batch[0].model if job.batch else ""
+        t = c.timings
+        policy.observe(
+            NodeReport(c.finished, job.group, [r.id for r in job.batch], model,
+                       [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
+                       t.encode_s, t.step_s, t.decode_s, finished)
+        )
+        if finished and progress is not None:
+            progress(len(records), total)
+
+    while len(records) < total:
+        while nxt < total and pending[nxt].arrival <= now:
+            st.waiting.push(pending[nxt])
+            nxt += 1
+            changed = True
+        if changed and st.free and (st.waiting or len(st.started) > len(st.running)):
+            plan = policy.schedule(st.view(now))
+            decisions += 1
+            for a in plan.assignments:
+                launch(a)
+        changed = False
+        until = pending[nxt].arrival if nxt < total else None
+        if not st.running and until is None:
+            raise PlanError(
+                f"policy {policy.name!r} stalled at t={now:.3f}s with {len(st.waiting)} waiting "
+                f"and {len(st.started)} started requests"
+            )
+        done = devices.wait(until)
+        if not done:
+            now = until
+            continue
+        now = done[0].finished
+        for c in done:
+            complete(c)
+        changed = True
+    records.sort(key=lambda r: (r.request.arrival, r.request.id))
+    return NodeResult(records, now, jobs, busy, decisions, getattr(devices, "link_busy_s", 0.0))
+
+
+def _predict(ncost: NodeCost, job: Job) -> float:
+    """The policy model's seconds for ``job`` (what the view shows as its end)."""
+    from .device import spread
+
+    secs = 0.0
+    for mv in job.moves:
+        secs += (
+            ncost.offload_time(mv.request, mv.src)
+            if mv.dst is None
+            else ncost.move_time(mv.request, mv.src, mv.dst)[0]
+        )
+    cost = ncost.cost
+    secs += spread([cost.encode_time(r) for r in job.encodes], job.group.degree)
+    if job.batch:
+        tokens = [cost.tokens(r) for r in job.batch]
+        secs += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)
+    return secs + spread([cost.decode_time(r) for r in job.decodes], job.group.degree)
+
+
+def simulate_node(
+    requests: Sequence[Request],
+    policy,
+    node: Node,
+    *,
+    noise: TimingNoise | None = None,
+    truth: NodeCost | None = None,
+    **kwargs,
+) -> NodeResult:
+    """``run_node`` on ``VirtualDevices``: true durations drawn around ``truth`` (default: a
+    fresh NodeCost on the policy's profile, never the policy's learning copy) with
+    ``noise`` (default: none)."""
+    truth = truth if truth is not None else NodeCost(policy.ncost.cost, policy.ncost.parallel)
+    devices = VirtualDevices(truth, noise)
+    return run_node(requests, policy, devices, node, truth, **kwargs)
