@@ -113,10 +113,21 @@ class PlanExecutor:
             self.blocks.park_left_out(self.active, self.last_batch, plan.batch)
         pending = [(job, self.stages.start_offload(job)) for job in self._ids(plan.offload)
                    if job.status.location is Location.DEVICE]
-        for job, handle in pending:   # device pages are needed by restores/admits below
+        # Transfers overlap the step on the copy stream when nothing in this iteration needs
+        # them: offloads are finished before the step only when restores/admits want their
+        # pages, restores only when their job steps now; the rest finish after the step.
+        later_offloads = [] if plan.restore or plan.admit else pending
+        for job, handle in pending if not later_offloads else ():
             report.transfer_s += self._finish_offload(job, handle)
+        later_restores = []
         for job in self._ids(plan.restore):
-            self._restore(job, report)
+            handle = self._start_restore(job)
+            if handle is None:
+                continue
+            if job.id in plan.batch:
+                self._finish_restore(job, handle, report)
+            else:
+                later_restores.append((job, handle))
         for job_id in plan.admit:
             self._admit(job_id, report)
         batch = [self.active[i] for i in plan.batch if i in self.active
@@ -126,13 +137,18 @@ class PlanExecutor:
         if batch:
             self.publish(stepping=[j.id for j in batch])  # live while the step runs
             self._step(batch, report, plan.blocks)
+        for job, handle in later_offloads:
+            report.transfer_s += self._finish_offload(job, handle)
+        for job, handle in later_restores:
+            self._finish_restore(job, handle, report)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
         observe = getattr(self.engine.policy, "observe", None)
         if observe is not None:
             observe(report)
         self.publish()
-        return bool(pending or batch or report.encode_s or report.transfer_s)
+        return bool(pending or later_restores or batch or report.encode_s
+                    or report.transfer_s)
 
     def fail_held(self, error_of) -> list[str]:
         """After an iteration raised: fail the jobs its plan named (``error_of(job_id)`` is
@@ -151,7 +167,7 @@ class PlanExecutor:
         return [self.active[i] for i in ids if i in self.active]
 
     def _finish_offload(self, job: Job, handle) -> float:
-        t0 = self.engine.clock()
+        """Finish an offload; returns the copy's own seconds (what the transfer cost)."""
         try:
             self.stats.bytes_offloaded += self.stages.finish_offload(job, handle)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own
@@ -159,21 +175,26 @@ class PlanExecutor:
             return 0.0
         job.status.location = Location.HOST
         job.timing.offloads += 1
-        return self.engine.clock() - t0
+        return handle.copy_s
 
-    def _restore(self, job: Job, report: StepReport) -> None:
+    def _start_restore(self, job: Job):
+        """Launch a restore: its handle, or None (not on the host, no room, or failed)."""
         if job.status.location is not Location.HOST:
-            return
-        t0 = self.engine.clock()
+            return None
         try:
-            moved = self.stages.restore(job)
+            return self.stages.start_restore(job)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
+            return None
+
+    def _finish_restore(self, job: Job, handle, report: StepReport) -> None:
+        try:
+            self.stats.bytes_restored += self.stages.finish_restore(job, handle)
         except Exception as exc:  # noqa: BLE001
             self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
             return
-        if moved is not None:
-            self.stats.bytes_restored += moved
-            job.status.location = Location.DEVICE
-            report.transfer_s += self.engine.clock() - t0
+        job.status.location = Location.DEVICE
+        report.transfer_s += handle.copy_s
 
     def _admit(self, job_id: str, report: StepReport) -> None:
         job = self.jobs.get(job_id)

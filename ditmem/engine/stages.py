@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ditmem.engine.jobs import Job
+from ditmem.engine.timing import StageTimer
 from ditmem.engine.tracing import stage_range
 from ditmem.memory import OffloadEngine, PagePool
 from ditmem.models.tiled_decode import decode_job
@@ -23,7 +24,9 @@ def state_pages(state) -> int:
 class Stages:
     """Executes stages for jobs on one generator, device pool and offload engine.
 
-    ``clock`` returns seconds (float); all durations recorded are differences of it.
+    ``clock`` returns seconds (float); CPU durations are differences of it, steps and
+    decodes on CUDA/NPU are timed with device events (:class:`StageTimer`), transfers are
+    charged the copy's own time (``TransferHandle.copy_s``), not the time spent waiting.
     ``decode_tile``: (tile, stride) pixels to decode in VAE tiles, or None (whole).
     """
 
@@ -34,6 +37,7 @@ class Stages:
         self.pool = pool
         self.offloader = offloader
         self.clock = clock
+        self.timer = StageTimer(pool.device, clock)
 
     def encode(self, job: Job) -> bool:
         """Encode ``job`` into fresh pages; False (nothing allocated) when there is no room."""
@@ -52,10 +56,8 @@ class Stages:
 
     def step(self, jobs: list[Job]) -> float:
         """One packed denoising step over ``jobs``; returns its wall time in seconds."""
-        t0 = self.clock()
         with stage_range("step", f"batch={len(jobs)}"):
-            self.gen.step([j.state for j in jobs])
-        dt = self.clock() - t0
+            _, dt = self.timer.time(lambda: self.gen.step([j.state for j in jobs]))
         for j in jobs:
             j.timing.running_s += dt
             j.timing.steps_run += 1
@@ -67,16 +69,16 @@ class Stages:
 
     def decode(self, job: Job) -> np.ndarray:
         """VAE-decode a finished job: uint8 ``[H, W, 3]`` or ``[F, H, W, 3]``."""
-        t0 = self.clock()
-        with stage_range("decode", job.id):
+        def run():
             if self.decode_tile is None:
-                out = self.gen.decode(job.state)
-            else:  # the same tiles a tiled decode runs, back to back
-                work = decode_job(self.gen, job.state, *self.decode_tile)
-                while not work.done:
-                    work.run_one()
-                out = work.output()
-        dt = self.clock() - t0
+                return self.gen.decode(job.state)
+            work = decode_job(self.gen, job.state, *self.decode_tile)  # the tiled decode's
+            while not work.done:                                       # tiles, back to back
+                work.run_one()
+            return work.output()
+
+        with stage_range("decode", job.id):
+            out, dt = self.timer.time(run)
         job.timing.decode_s += dt
         job.timing.running_s += dt
         return out
@@ -87,24 +89,32 @@ class Stages:
             return job.state.start_offload(self.offloader)
 
     def finish_offload(self, job: Job, handle) -> int:
-        """Wait for an offload; the device pages are free afterwards. Returns bytes moved."""
-        t0 = self.clock()
+        """Wait for an offload; the device pages are free afterwards. Returns bytes moved;
+        the job is charged the copy's own time."""
         with stage_range("offload", job.id):
             self.offloader.finish_offload(handle)
-        job.timing.offload_s += self.clock() - t0
+        job.timing.offload_s += handle.copy_s
+        return handle.num_pages * self.pool.page_bytes
+
+    def start_restore(self, job: Job):
+        """Launch the copy of ``job``'s pages into free device pages: its handle, or None
+        when the pool has no room (nothing changed). The pages are not to be read before
+        :meth:`finish_restore`."""
+        with stage_range("restore", job.id):
+            return job.state.start_restore(self.offloader)
+
+    def finish_restore(self, job: Job, handle) -> int:
+        """Complete a restore (later device work waits for the copy); bytes moved. The job is
+        charged the copy's own time."""
+        with stage_range("restore", job.id):
+            self.offloader.finish_restore(handle)
+        job.timing.offload_s += handle.copy_s
         return handle.num_pages * self.pool.page_bytes
 
     def restore(self, job: Job) -> int | None:
-        """Bring ``job``'s pages back into free device pages; bytes moved, or None when the
-        pool has no room (nothing changed)."""
-        t0 = self.clock()
-        with stage_range("restore", job.id):
-            handle = job.state.start_restore(self.offloader)
-            if handle is None:
-                return None
-            self.offloader.finish_restore(handle)
-        job.timing.offload_s += self.clock() - t0
-        return handle.num_pages * self.pool.page_bytes
+        """:meth:`start_restore` + :meth:`finish_restore`; None when there is no room."""
+        handle = self.start_restore(job)
+        return None if handle is None else self.finish_restore(job, handle)
 
     def release(self, job: Job) -> None:
         """Free every page the job holds (device and host). Safe to call twice."""

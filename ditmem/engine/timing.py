@@ -59,3 +59,30 @@ class Timing:
             "preemptions": self.preemptions,
             "offloads": self.offloads,
         }
+
+
+class StageTimer:
+    """Times a stage on ``device``: CUDA/NPU events around the work on the current stream
+    (the work is asynchronous: the wall clock would measure its launch), the wall clock
+    ``clock`` on the CPU. ``time(fn)`` runs ``fn`` and returns ``(result, seconds)``; on an
+    accelerator it waits for the end event (the engine needs the stage done anyway)."""
+
+    def __init__(self, device, clock) -> None:
+        import torch
+
+        self.clock = clock
+        device = torch.device(device)
+        self._mod = (torch.get_device_module(device.type)
+                     if device.type in ("cuda", "npu") else None)
+
+    def time(self, fn):
+        if self._mod is None:
+            t0 = self.clock()
+            out = fn()
+            return out, self.clock() - t0
+        begin, end = self._mod.Event(enable_timing=True), self._mod.Event(enable_timing=True)
+        begin.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return out, begin.elapsed_time(end) / 1000.0

@@ -43,10 +43,20 @@ class TransferHandle:
     status: str = "in_flight"  # "in_flight" | "finished" | "cancelled" | "failed"
     id: int = 0
     engine: object = field(default=None, repr=False)
+    timing: object = field(default=None, repr=False)  # the copier's token, kept for copy_s
 
     @property
     def num_pages(self) -> int:
         return sum(len(p) for p in self.src_pages)
+
+    @property
+    def copy_s(self) -> float:
+        """Seconds the copy itself took (device events on a stream copier, the wall clock of
+        the copy otherwise); 0.0 when nothing was copied. Once finished; on a stream copier
+        it waits for the copy's end event."""
+        if self.status != "finished":
+            raise TransferError(f"copy_s: transfer {self.id} is {self.status}, not finished")
+        return 0.0 if self.timing is None else self.engine._copier.elapsed(self.timing)
 
 
 class OffloadEngine:
@@ -271,6 +281,7 @@ class OffloadEngine:
 
     def _close(self, handle, status: str) -> None:
         handle.status = status
+        handle.timing = handle.token if status == "finished" else None
         handle.token = None
         del self._in_flight[handle.id]
 
