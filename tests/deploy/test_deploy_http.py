@@ -1,0 +1,181 @@
+"""The Ray Serve application on a local Ray cluster: two tiny-qwen-image replicas behind
+the HTTP ingress. Requests spread by backlog (not by count), refusals keep their status,
+/health and /metrics add the replicas up with per-replica labels, and a replica killed
+mid-request costs the client nothing: the request is re-routed and its image equals a
+single-device run's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[ray]')")
+pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[ray]')")
+
+from harness import metric, png, ray_app  # noqa: E402
+
+from ditmem.engine.factory import EngineConfig  # noqa: E402
+from ditmem.models.request import GenerationRequest  # noqa: E402
+
+pytestmark = [pytest.mark.slow]
+
+CONFIG = EngineConfig(model="tiny-qwen-image", pool_mb=1, max_active=16, max_queued=32)
+BIG = {"prompt": "a lighthouse at dusk", "size": "512x512", "num_inference_steps": 40,
+       "seed": 9}
+SMALL = {"prompt": "a red fox", "size": "64x64", "num_inference_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def app():
+    from ditmem.deploy.app import DeployOptions
+
+    opts = DeployOptions(replicas=2, devices_per_replica=0.5, stats_period_s=0.5,
+                         post_period_s=0.25, reroutes=2, health_check_period_s=1.0)
+    with ray_app(CONFIG, opts, num_cpus=2) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Images of a single-device engine with the replicas' configuration."""
+    import torch
+
+    from ditmem.engine.factory import build_engine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the replicas run (one reserved CPU or less each)
+    engine = build_engine(CONFIG).start()
+
+    def run(body: dict) -> np.ndarray:
+        side = int(body["size"].split("x")[0])
+        req = GenerationRequest(prompt=body["prompt"], width=side, height=side,
+                                num_inference_steps=body["num_inference_steps"],
+                                seed=body["seed"], request_id=f"ref-{time.monotonic_ns()}")
+        return engine.submit(req).future.result(timeout=120).output
+
+    yield run
+    engine.stop()
+    torch.set_num_threads(threads)
+
+
+def post(url, body, timeout=120.0):
+    return httpx.post(f"{url}/v1/images/generations", json=body, timeout=timeout)
+
+
+def replicas(url):
+    return httpx.get(f"{url}/health/replicas", timeout=10).json()["replicas"]
+
+
+def wait_for(check, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.timeout(420)
+def test_requests_spread_by_backlog_not_by_count(app, reference):
+    from ditmem.scheduler import CostModel, Request
+
+    cost = CostModel.load("cpu-tiny")
+
+    def work(body):
+        side = int(body["size"].split("x")[0])
+        r = Request(id="x", arrival=0.0, width=side, height=side,
+                    steps=body["num_inference_steps"])
+        return cost.standalone_time(r)
+
+    # The premise of the expected placement: the big request alone is far more work than
+    # all the small ones together, so the replica without it stays the shorter queue.
+    assert work(BIG) > 10 * 5 * work(SMALL)
+    before = {r["replica"]: r["routed"] for r in replicas(app)}
+    big = {}
+    thread = threading.Thread(target=lambda: big.update(resp=post(app, BIG)))
+    thread.start()
+    holder = wait_for(lambda: next((r["replica"] for r in replicas(app)
+                                    if r["routed"] > before[r["replica"]]), None),
+                      30, "the big request was not routed")
+    # Five small requests at once while the big one runs: a count-based router (Ray's
+    # power of two choices) sees one request on each replica after the first and splits
+    # them; by seconds of work they all belong on the other replica.
+    results: list = [None] * 5
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+        i, post(app, dict(SMALL, seed=100 + i)))) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    thread.join(180)
+    assert all(r is not None and r.status_code == 200 for r in results), \
+        [r and r.text[:200] for r in results]
+    after = {r["replica"]: r["routed"] for r in replicas(app)}
+    routed = {k: after[k] - before[k] for k in after}
+    other = next(k for k in routed if k != holder)
+    assert routed == {holder: 1, other: 5}
+    assert big["resp"].status_code == 200, big["resp"].text[:300]
+    # Whichever replica made them, the images are the single-device run's.
+    np.testing.assert_array_equal(png(big["resp"].json()["data"][0]["b64_json"]),
+                                  reference(BIG))
+    np.testing.assert_array_equal(png(results[3].json()["data"][0]["b64_json"]),
+                                  reference(dict(SMALL, seed=103)))
+
+
+@pytest.mark.timeout(120)
+def test_refusals_keep_their_status(app):
+    # Too many pages (17) for a replica's 1 MB pool (16): its engine refuses it (413).
+    too_big = post(app, dict(SMALL, size="2048x2048", seed=1))
+    assert too_big.status_code == 413, too_big.text
+    assert too_big.json()["error"]["param"] == "size"
+    bad = post(app, dict(SMALL, num_inference_steps="many"))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "num_inference_steps"
+
+
+@pytest.mark.timeout(120)
+def test_health_and_metrics_add_up_the_replicas(app):
+    assert post(app, dict(SMALL, seed=7)).status_code == 200
+    names = [r["replica"] for r in replicas(app)]
+    assert len(names) == 2
+
+    def settled():
+        text = httpx.get(f"{app}/metrics", timeout=10).text
+        per = [metric(text, "ditmem_replica_completed_total", replica=n) for n in names]
+        total = metric(text, "ditmem_requests_finished_total", outcome="completed")
+        return text if total == sum(per) and min(per) > 0 else None
+
+    text = wait_for(settled, 10, "aggregated /metrics never matched the per-replica sum")
+    assert all(metric(text, "ditmem_replica_up", replica=n) == 1.0 for n in names)
+    health = httpx.get(f"{app}/health", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+@pytest.mark.timeout(420)
+def test_a_replica_killed_mid_request_costs_the_client_nothing(app, reference):
+    body = dict(BIG, seed=21)
+    rerouted = metric(httpx.get(f"{app}/metrics").text, "ditmem_rerouted_total")
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(resp=post(app, body, 300)))
+    thread.start()
+    victim = wait_for(lambda: next((r for r in replicas(app) if r["running"] > 0), None),
+                      60, "the request never started on a replica")
+    time.sleep(0.3)
+    os.kill(victim["pid"], signal.SIGKILL)
+    # The survivor keeps serving while the victim is gone.
+    small = post(app, dict(SMALL, seed=3))
+    assert small.status_code == 200, small.text[:300]
+    thread.join(300)
+    assert out["resp"].status_code == 200, out["resp"].text[:300]
+    np.testing.assert_array_equal(png(out["resp"].json()["data"][0]["b64_json"]),
+                                  reference(body))
+    assert metric(httpx.get(f"{app}/metrics").text, "ditmem_rerouted_total") == rerouted + 1
+    assert httpx.get(f"{app}/health").status_code == 200
+    # Serve replaces the dead replica (its health checks fail): two up again.
+    wait_for(lambda: sum(r["up"] and r["replica"] != victim["replica"]
+                         for r in replicas(app)) >= 2, 240, "no replacement replica")
