@@ -101,6 +101,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="systematic timing error of the simulated device (0.1: 10 %% slower than the "
         "profile; the policy only learns it through its online correction)",
     )
+    parser.add_argument(
+        "--devices",
+        type=int,
+        metavar="D",
+        help="simulate a node of D devices (ditmem.scheduler.node): policies fifo, srtf, "
+        "elastic-np, slo; --load is then arrival rate x mean standalone time at degree 1 / D",
+    )
+    parser.add_argument(
+        "--baseline-degree",
+        metavar="d[,d...]",
+        help="with --devices: the fixed degree of fifo's and srtf's D/d static replicas "
+        "(default 1; a comma list runs each)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -188,6 +201,18 @@ def _progress(args, total: int):
 
 
 def main(args) -> int:
+    if getattr(args, "devices", None) is not None:
+        from .node.cli import node_main
+
+        try:
+            options = _options(args.opt)
+        except ValueError as exc:
+            print(f"ditmem sim: error: {exc}", file=sys.stderr)
+            return 2
+        return node_main(args, options)
+    if getattr(args, "baseline_degree", None) is not None:
+        print("ditmem sim: error: --baseline-degree needs --devices", file=sys.stderr)
+        return 2
     try:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         unknown = [p for p in policies if p not in POLICIES]
