@@ -154,7 +154,7 @@ class NodeEngine:
                         replies[d] = self._conns[d].recv()
                         waiting.discard(d)
                         continue
-                    except EOFError:
+                    except (EOFError, ConnectionResetError):  # it died mid-reply
                         pass
                 self._procs[d].join(timeout=5)
                 self._fail_device(d, f"device {d} worker exited (exit code "
