@@ -72,11 +72,13 @@ def serve_on_ray(args, engine_config, server_config) -> int:
     else:
         ray.init(num_cpus=args.ray_cpus, include_dashboard=False)
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set())
-                for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {}
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name="ditmem", route_prefix="/")
+        # After Ray and Serve started: they install handlers of their own.
+        previous = {s: signal.signal(s, lambda *_: stop.set())
+                    for s in (signal.SIGTERM, signal.SIGINT)}
         log.warning("ditmem serve --ray: %d replica(s) of %s, router %s, on http://%s:%d",
                     args.replicas, engine_config.model, args.router, args.host, args.port)
         while not stop.wait(1.0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ditmem.deploy.cli import add_ray_arguments, check_ray_arguments
 from ditmem.engine.factory import EngineConfig, add_model_arguments, build_engine
 from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
@@ -68,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_limit_arguments(p)
     p.add_argument("--log-level", default="info")
     add_threads_argument(p)
+    add_ray_arguments(p)
 
 
 def engine_config(args) -> EngineConfig:
@@ -95,13 +97,18 @@ def main(args) -> int:
     except ValueError as exc:
         raise SystemExit(f"ditmem serve: {exc}") from None
     hosts = [h.strip() for h in args.allowed_hosts.split(",")] if args.allowed_hosts else None
-    set_torch_threads(args.threads)
-    engine = build_engine(engine_config(args)).start()
+    check_ray_arguments(args)
     config = ServerConfig(model_name=args.model, api_key=api_key,
                           default_size=args.default_size, default_steps=args.default_steps,
                           default_frames=args.default_frames, default_fps=args.default_fps,
                           limits=limits, allowed_hosts=hosts,
                           drain_timeout_s=args.drain_timeout)
+    if args.ray:
+        from ditmem.deploy.cli import serve_on_ray
+
+        return serve_on_ray(args, engine_config(args), config)
+    set_torch_threads(args.threads)
+    engine = build_engine(engine_config(args)).start()
     app = create_app(engine, config)
     status = serve(app, args.host, args.port, args.log_level, engine=engine,
                    drain_timeout_s=args.drain_timeout)
