@@ -112,7 +112,8 @@ class DeviceStats:
 @dataclass(slots=True)
 class Reply:
     """What a worker answers: ``ok`` with ``value``, or the ``error`` text; ``seconds`` the
-    command took on the worker; ``device_pages`` used after it."""
+    command took on the worker (wall) and ``cpu_seconds`` the worker process's CPU time in
+    it; ``device_pages`` used after it."""
 
     device: int
     ok: bool
@@ -120,3 +121,4 @@ class Reply:
     error: str = ""
     seconds: float = 0.0
     device_pages: int = 0
+    cpu_seconds: float = 0.0

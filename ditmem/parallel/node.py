@@ -48,12 +48,13 @@ class CommandFailed(RuntimeError):
 
 @dataclass(slots=True)
 class GroupResult:
-    """One group's step: ``devices``, wall ``seconds`` (slowest device), per-device
-    ``device_pages`` used after it."""
+    """One group's step: ``devices``, ``seconds`` (slowest device's wall time),
+    ``cpu_seconds`` (largest worker CPU time), per-device ``device_pages`` used after it."""
 
     devices: tuple[int, ...]
     seconds: float
     device_pages: dict[int, int]
+    cpu_seconds: float = 0.0
 
 
 def cover_group(devices: set[int], num_devices: int) -> tuple[int, ...]:
@@ -239,7 +240,8 @@ class NodeEngine:
                 commands[d] = cmd.Step(list(ids), devices)
         replies = self._call(commands)
         return [GroupResult(tuple(devices), max(replies[d].seconds for d in devices),
-                            {d: replies[d].device_pages for d in devices})
+                            {d: replies[d].device_pages for d in devices},
+                            max(replies[d].cpu_seconds for d in devices))
                 for devices, _ in plan]
 
     def move(self, request_id: str, devices: tuple[int, ...]) -> None:

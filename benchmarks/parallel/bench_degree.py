@@ -1,0 +1,63 @@
+"""One request's denoising step at sequence-parallel degree 2 (and 4 where the node has the
+devices) vs degree 1, on the node engine's real device workers, side by side.
+
+    .venv/bin/python benchmarks/parallel/bench_degree.py [--model tiny-qwen-image]
+        [--devices 2] [--sides 256,512,1024] [--repeats 7] [--json PATH]
+
+On CPU a device is a worker process pinned to one core with one thread, so degree 1 uses
+one core and degree 2 two. Rounds are interleaved (one step per degree per round, median of
+per-round ratios; see ditmem.parallel.speedup). The baseline is degree 1 in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny-qwen-image")
+    ap.add_argument("--devices", type=int, default=2, help="worker processes (<= cores)")
+    ap.add_argument("--sides", default="256,512,1024", help="square image sides, px")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds per side")
+    ap.add_argument("--pool-mb", type=float, default=256.0, help="device pool per worker")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    if args.devices > (os.cpu_count() or 1):
+        ap.error(f"--devices {args.devices} exceeds the {os.cpu_count()} cores")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from ditmem.parallel.node import NodeEngine
+    from ditmem.parallel.speedup import measure_speedups
+
+    sides = [int(s) for s in args.sides.split(",")]
+    page = 1 << 16
+    pages = max(64, int(args.pool_mb * 2**20) // page)
+    t0 = time.perf_counter()
+    with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
+                    host_pages=64) as node:
+        rows = measure_speedups(node, sides, args.repeats, progress=logging.info)
+    machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.processor() or 'cpu'})"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"\n{args.model}, {args.devices} devices, {args.repeats} rounds, {machine}, {when}, "
+          f"{time.perf_counter() - t0:.0f} s")
+    print(f"{'side':>6} {'tokens':>7} {'degree':>6} {'step ms':>9} {'speedup':>8} "
+          f"{'cpu ms':>8} {'cpu speedup':>11} {'control ms':>10}")
+    for r in rows:
+        print(f"{r['side']:>6} {r['tokens']:>7} {r['degree']:>6} {r['step_ms']:>9.1f} "
+              f"{r['speedup']:>8.2f} {r['cpu_ms']:>8.1f} {r['cpu_speedup']:>11.2f} "
+              f"{r['control_ms']:>10.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "devices": args.devices, "machine": machine,
+                       "date": when, "repeats": args.repeats, "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
