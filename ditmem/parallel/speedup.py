@@ -4,8 +4,8 @@ vs degree d on the node engine's real workers, side by side.
 For each image side, one request is encoded on device 0 and stepped alternately at degree
 1 and at every other degree, re-sharded over the device link in between (not timed); each
 round uses the next aligned group of each size (devices 0, 1, 0, ... at degree 1), so no
-degree is tied to a core that other jobs happen to load more. A round is one step at each degree; the
-speed-up is the median over rounds of (degree-1 time / degree-d time), both sides of a
+degree is tied to a core that other jobs happen to load more. A round is one step at each
+degree; the speed-up is the median over rounds of (degree-1 time / degree-d time), both sides of a
 round seeing the same machine load. Times are the slowest worker's wall time for the step
 command (the engine's control round trip is excluded; it is measured as
 ``control_ms``). ``cpu_speedup`` is the same ratio on worker CPU time (largest rank): what
