@@ -101,7 +101,8 @@ def build_ingress_app(remote: RemoteEngine, config):
                          "pid": r["pid"], "queued": s["queued"], "running": s["running"],
                          "paused": s["paused"], "dead": s.get("dead"),
                          "backlog_s": r["load"]["backlog_s"],
-                         "pages_free": s["pages_free"], "routed": remote.routed[name]})
+                         "pages_free": s["pages_free"], "routed": remote.routed[name],
+                         "speed": r["load"].get("speed", 1.0)})
         return {"replicas": rows, "up": sum(row["up"] for row in rows)}
 
     return app

@@ -47,6 +47,15 @@ def load_of_replica(replica: RunningReplica) -> ReplicaLoad:
                        float("-inf"))
 
 
+def rank_candidates(route: RouteRequest, candidates: list, book: RoutingBook,
+                    now: float) -> list[list]:
+    """``choose_replicas``'s answer for a routed call: one replica per rank, best first
+    (``candidates`` need only ``replica_id.unique_id`` and ``routing_stats``)."""
+    by_name = {r.replica_id.unique_id: r for r in candidates}
+    loads = [load_of_replica(r) for r in candidates]
+    return [[by_name[s.replica]] for s in rank_replicas(route, loads, book, now)]
+
+
 class DitmemRequestRouter(RequestRouter):
     """Ranks the replicas by :func:`ditmem.scheduler.routing.rank_replicas`."""
 
@@ -60,10 +69,7 @@ class DitmemRequestRouter(RequestRouter):
         route = route_of(pending_request)
         if route is None or len(candidate_replicas) < 2:
             return [list(candidate_replicas)]
-        by_name = {r.replica_id.unique_id: r for r in candidate_replicas}
-        loads = [load_of_replica(r) for r in candidate_replicas]
-        ranked = rank_replicas(route, loads, self.book, self.clock())
-        return [[by_name[s.replica]] for s in ranked]
+        return rank_candidates(route, candidate_replicas, self.book, self.clock())
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         route = route_of(pending_request)

@@ -1,5 +1,5 @@
-"""A local Ray cluster running the ditmem Serve application, for the deploy tests and
-benchmarks: started with ``ray.init(num_cpus=...)``, torn down on exit."""
+"""Helpers of the deploy tests: the application on a local Ray cluster
+(:func:`ditmem.deploy.local.local_apps`), Prometheus samples, PNG decoding."""
 
 from __future__ import annotations
 
@@ -7,59 +7,18 @@ import base64
 import contextlib
 import io
 import re
-import socket
-import time
 
-import httpx
 import numpy as np
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
-def ray_app(engine_config, options, *, num_cpus: float = 2, name: str = "ditmem",
-            server_config=None, timeout_s: float = 240.0):
-    """Yields the HTTP base URL of the application; shuts Serve and Ray down after."""
-    import ray
-    from ray import serve
+def ray_app(engine_config, options, *, num_cpus: float = 2, timeout_s: float = 240.0):
+    """Yields the HTTP base URL of one application at ``/``."""
+    from ditmem.deploy.local import local_apps
 
-    from ditmem.deploy.app import build_app
-    from ditmem.server.app import ServerConfig
-
-    server_config = server_config or ServerConfig(model_name=engine_config.model)
-    port = free_port()
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app(engine_config, server_config, options)
-        serve.run(app, name=name, route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
-        wait_up(url, options.replicas, timeout_s)
+    with local_apps({"/": (engine_config, options)}, num_cpus=num_cpus,
+                    timeout_s=timeout_s) as url:
         yield url
-    finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
-
-
-def wait_up(url: str, replicas: int, timeout_s: float) -> None:
-    """Until ``/health/replicas`` shows ``replicas`` replicas up."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            body = httpx.get(f"{url}/health/replicas", timeout=5).json()
-            if body.get("up", 0) >= replicas:
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{replicas} replicas not up within {timeout_s:g} s")
-        time.sleep(0.5)
 
 
 def metric(text: str, name: str, **labels) -> float:
