@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                 "tiled decode; 'none' to skip): writes decode_tile_px/"
                                 "stride_px/tile_s")
     add_threads_argument(p)
+    from ditmem.parallel.profile_devices import add_device_arguments
+
+    add_device_arguments(p)
 
 
 def median_time(fn, repeats: int) -> float:
@@ -236,7 +239,12 @@ def add_decode_tile_argument(p: argparse.ArgumentParser, help_text: str) -> None
 
 def main(args) -> int:
     from ditmem import models
+    from ditmem.parallel.profile_devices import check_device_arguments, measure_parallel
 
+    problem = check_device_arguments(args)
+    if problem:
+        print(f"ditmem profile: error: {problem}")
+        return 2
     set_torch_threads(args.threads)
     gen = models.load(args.model, dtype=args.dtype)
     sides = [int(s) for s in args.sides.split(",")]
@@ -246,6 +254,8 @@ def main(args) -> int:
                               pool_mb=args.pool_mb, max_batch=args.max_batch,
                               page_kb=args.page_kb, frames=args.frames,
                               decode_tile=args.decode_tile)
+    if args.devices > 1:
+        profile["parallel"] = measure_parallel(args, next(iter(profile["models"])))
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

@@ -112,8 +112,9 @@ class DeviceStats:
 @dataclass(slots=True)
 class Reply:
     """What a worker answers: ``ok`` with ``value``, or the ``error`` text; ``seconds`` the
-    command took on the worker (wall) and ``cpu_seconds`` the worker process's CPU time in
-    it; ``device_pages`` used after it."""
+    command took on the worker (wall) and ``cpu_seconds`` the CPU time of the worker's
+    main thread in it (the one running the model with one torch thread: busy time, without
+    waits for a core or for peers, nor the collective backend's own threads); ``device_pages`` used after it."""
 
     device: int
     ok: bool

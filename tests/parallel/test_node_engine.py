@@ -12,7 +12,7 @@ import pytest
 from ditmem.models.request import GenerationRequest
 from ditmem.parallel.node import DeviceLost, NodeEngine
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS = 5
 
@@ -121,3 +121,15 @@ def test_killed_worker_fails_only_its_requests():
         node.release("keep")
         assert set(node.stats()) == {0}
         assert node.stats()[0].device_pages == 0
+
+
+def test_speedup_measurement_rows_on_the_node(node):
+    from ditmem.parallel.speedup import measure_speedups, speedup_table
+
+    rows = measure_speedups(node, [64, 128], 1)
+    assert [(r["tokens"], r["degree"]) for r in rows] == [(16, 1), (16, 2), (64, 1), (64, 2)]
+    assert all(r["step_ms"] > 0 and r["cpu_ms"] > 0 for r in rows)
+    assert all(r["speedup"] == 1.0 for r in rows if r["degree"] == 1)
+    table = speedup_table(rows, "test")
+    assert table["tokens"] == [16, 64] and len(table["speedup"]["2"]) == 2
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}       # the measuring request is released

@@ -1,0 +1,72 @@
+"""``ditmem profile --devices N``: the profile's ``parallel`` section, measured.
+
+Starts a node engine with ``N`` device workers (on CPU: processes pinned to cores), times
+one request's step at every degree 1, 2, 4, ... <= N side by side
+(:func:`ditmem.parallel.speedup.measure_speedups`) for each ``--parallel-sides`` side, and
+returns ``{"<model key>": {"tokens": [...], "speedup": {"1": [...], "2": [...]},
+"source": "measured by ditmem profile --devices N on <machine>, <date>; ..."}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """``--devices``, ``--parallel-sides``, ``--parallel-clock``."""
+    p.add_argument("--devices", type=int, default=1,
+                   help="also measure the sequence-parallel speed-up table on this many "
+                        "devices (CPU: worker processes pinned to cores, <= cores); 1: skip")
+    p.add_argument("--parallel-sides", default="256,512,1024",
+                   help="square image sides of the speed-up table (with --devices > 1)")
+    p.add_argument("--parallel-clock", choices=("cpu", "wall"), default="cpu",
+                   help="ratio of worker CPU time (default: robust when other jobs share "
+                        "the cores) or of wall time")
+
+
+def check_device_arguments(args, device_count: int | None = None) -> str | None:
+    """A usage error for bad ``--devices`` / ``--parallel-sides`` values, or ``None``."""
+    cores = device_count or os.cpu_count() or 1
+    if args.devices < 1:
+        return f"--devices must be >= 1, got {args.devices}"
+    if args.devices > cores:
+        return f"--devices {args.devices} exceeds the {cores} devices (cores) of this machine"
+    if args.devices > 1 and "wan" in args.model.lower():
+        return ("--devices > 1: sequence-parallel steps in the node engine are implemented "
+                "for Qwen-Image models only")
+    try:
+        sides = [int(s) for s in args.parallel_sides.split(",")]
+    except ValueError:
+        return f"--parallel-sides: expected comma-separated integers, got {args.parallel_sides!r}"
+    if not sides or any(s <= 0 or s % 16 for s in sides):
+        return f"--parallel-sides: sides must be positive multiples of 16, got {sides}"
+    return None
+
+
+def measure_parallel(args, key: str, log=print) -> dict:
+    """The ``parallel`` section for model ``key`` (see module docstring)."""
+    from ditmem.parallel.node import NodeEngine
+    from ditmem.parallel.speedup import measure_speedups, speedup_table
+    from ditmem.scheduler.models import tokens_for
+
+    sides = sorted(int(s) for s in args.parallel_sides.split(","))
+    page = args.page_kb * 1024
+    pages = max(64, int(256 * 2**20) // page)
+    log(f"parallel: degrees up to {args.devices}, sides {sides}, {args.repeats} rounds")
+    with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
+                    host_pages=64) as node:
+        rows = measure_speedups(node, sides, max(3, args.repeats),
+                                tokens_for=lambda s: tokens_for(key, s, s, args.frames),
+                                progress=log)
+    for r in rows:
+        log(f"  {r['side']}x{r['side']} degree {r['degree']}: {r['step_ms']:.1f} ms wall "
+            f"(x{r['speedup']:.2f}), {r['cpu_ms']:.1f} ms cpu (x{r['cpu_speedup']:.2f})")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    machine = f"{platform.node()} ({os.cpu_count()} cores)"
+    source = (f"measured by ditmem profile --devices {args.devices} on {machine}, {when}; "
+              f"{args.parallel_clock} time, median of {max(3, args.repeats)} interleaved "
+              f"rounds; one worker process per device")
+    return {key: speedup_table(rows, source, args.parallel_clock)}
