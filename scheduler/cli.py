@@ -114,6 +114,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --devices: the fixed degree of fifo's and srtf's D/d static replicas "
         "(default 1; a comma list runs each)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        metavar="R",
+        help="simulate R replicas (nodes of --devices, default 1) behind a router "
+        "(ditmem.scheduler.cluster); --load is then per device",
+    )
+    parser.add_argument(
+        "--router",
+        default="ditmem,round-robin,pow2",
+        help="with --replicas: comma list of ditmem, round-robin, pow2 (default all)",
+    )
+    parser.add_argument(
+        "--report-s",
+        type=float,
+        default=2.0,
+        help="with --replicas: seconds between the replicas' reports to the router",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -201,6 +219,10 @@ def _progress(args, total: int):
 
 
 def main(args) -> int:
+    if getattr(args, "replicas", None) is not None:
+        from .cluster_cli import cluster_main
+
+        return cluster_main(args)
     if getattr(args, "devices", None) is not None:
         from .node.cli import node_main
 

@@ -256,6 +256,8 @@ class RoundRobin:
     """Replicas in turn, whatever their load (vllm-omni ``num_replicas``, SGLang
     ``--dp-size``)."""
 
+    uses_reports = False
+
     def __init__(self) -> None:
         self.next = 0
 
