@@ -10,7 +10,7 @@ is live at t when it arrived and had not finished; its remaining work is its sta
 time when it had not started, else that less the time since it started (the replica
 itself reports the cost model's estimate from its steps done; the simulation does not
 expose steps at t, and nothing later than t is used). A D-device replica reports work in
-replica-seconds (device-seconds / D) with ``speed`` 1/D.
+replica-seconds (device-seconds / D) with ``speed`` 1/D and ``devices`` D.
 
 Once every request is placed, each replica's requests are simulated once more, to the end:
 those records are the result.
@@ -51,7 +51,7 @@ def report_at(records: Sequence, replica: str, t: float, devices: int,
         alone = r.standalone_s or 0.0
         remaining = alone if rec.started > t else max(0.0, alone - (t - rec.started))
         items.append((r.priority, r.deadline, remaining / devices))
-    return load_of(replica, items, pages, pages, t, 1.0 / devices)
+    return load_of(replica, items, pages, pages, t, 1.0 / devices, devices)
 
 
 def simulate_cluster(requests: Sequence[Request], replicas: int, router,
@@ -73,7 +73,7 @@ def simulate_cluster(requests: Sequence[Request], replicas: int, router,
     assigned: list[list[Request]] = [[] for _ in range(replicas)]
     simulated: list[tuple[int, list]] = [(0, []) for _ in range(replicas)]
     loads = [ReplicaLoad(n, (0.0, 0.0, 0.0), (None, None, None), 2**31, 2**31, 0,
-                         -math.inf, 1.0 / devices) for n in names]
+                         -math.inf, 1.0 / devices, devices) for n in names]
     book = RoutingBook()
     placement: dict[str, int] = {}
     epoch, refreshes = -math.inf, 0

@@ -46,7 +46,10 @@ class ReplicaLoad:
     order, seconds; None when it has none of that priority); ``free_pages`` / ``total_pages``:
     its device page pool; ``ongoing``: requests it holds (queued + started); ``speed``: its
     measured / predicted time factor (the cost model's correction): a request priced at
-    ``w`` seconds takes ``w * speed`` there."""
+    ``w`` seconds adds ``w * speed`` to its backlog; ``devices``: devices it runs requests
+    on (a node reports backlog in device-seconds / devices, and ``speed`` includes the
+    1 / devices). A request alone takes at least what it takes on one of its devices,
+    ``w * speed * devices``: the rule never assumes a request gets the whole node."""
 
     replica: str
     backlog_s: tuple[float, float, float]
@@ -56,6 +59,7 @@ class ReplicaLoad:
     ongoing: int
     reported_at: float
     speed: float = 1.0
+    devices: int = 1
 
     @property
     def earliest_slack_s(self) -> float | None:
@@ -67,7 +71,8 @@ class ReplicaLoad:
         return {"replica": self.replica, "backlog_s": list(self.backlog_s),
                 "slack_s": list(self.slack_s), "free_pages": self.free_pages,
                 "total_pages": self.total_pages, "ongoing": self.ongoing,
-                "reported_at": self.reported_at, "speed": self.speed}
+                "reported_at": self.reported_at, "speed": self.speed,
+                "devices": self.devices}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplicaLoad:
@@ -79,11 +84,14 @@ class ReplicaLoad:
                        free_pages=int(data["free_pages"]),
                        total_pages=int(data["total_pages"]), ongoing=int(data["ongoing"]),
                        reported_at=float(data["reported_at"]),
-                       speed=float(data.get("speed", 1.0)))
+                       speed=float(data.get("speed", 1.0)),
+                       devices=int(data.get("devices", 1)))
         except KeyError as exc:
             raise ValueError(f"routing stats: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise ValueError(f"routing stats: malformed ({exc})") from None
+        if load.devices < 1:
+            raise ValueError(f"routing stats: devices must be >= 1, got {load.devices}")
         if not load.speed > 0:
             raise ValueError(f"routing stats: speed must be > 0, got {load.speed}")
         if len(load.backlog_s) != 3 or len(load.slack_s) != 3:
@@ -154,6 +162,7 @@ class Estimate:
     free_pages: int
     ongoing: int
     speed: float = 1.0
+    devices: int = 1
 
     @property
     def total_s(self) -> float:
@@ -171,11 +180,11 @@ def estimate(load: ReplicaLoad, sent: Sequence[Sent], now: float) -> Estimate:
     for entry in sorted(sent, key=lambda s: s.sent_at):
         _work(backlog, entry.sent_at - clock)
         clock = max(clock, entry.sent_at)
-        _place(backlog, slack, entry.request, entry.sent_at, load.speed)
+        _place(backlog, slack, entry.request, entry.sent_at, load.speed, load.devices)
         free -= entry.request.pages
         ongoing += 1
     _work(backlog, now - clock)
-    return Estimate(load.replica, backlog, slack, free, ongoing, load.speed)
+    return Estimate(load.replica, backlog, slack, free, ongoing, load.speed, load.devices)
 
 
 def _work(backlog: list[float], seconds: float) -> None:
@@ -188,10 +197,10 @@ def _work(backlog: list[float], seconds: float) -> None:
 
 
 def _place(backlog: list[float], slack: list[float | None], req: RouteRequest,
-           at: float, speed: float) -> None:
+           at: float, speed: float, devices: int) -> None:
     """Add ``req`` to a replica's backlog: lower priorities now wait its work longer."""
     work = req.work_s * speed
-    own = req.deadline - at - sum(backlog[: req.priority + 1]) - work
+    own = req.deadline - at - sum(backlog[: req.priority + 1]) - work * devices
     backlog[req.priority] += work
     current = slack[req.priority]
     slack[req.priority] = own if current is None else min(current, own)
@@ -214,12 +223,13 @@ class Score:
 def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     """Tier and in-tier key of placing ``req`` on the replica ``est`` describes."""
     work = req.work_s * est.speed
+    alone = work * est.devices
     ahead = sum(est.backlog_s[: req.priority + 1])
-    finish = now + ahead + work
+    finish = now + ahead + alone
     # A request that needs more pages than are free waits for some to come free: at worst
     # until the replica's whole backlog ran.
     if est.free_pages < req.pages:
-        finish = max(finish, now + est.total_s + work)
+        finish = max(finish, now + est.total_s + alone)
     if finish > req.deadline:
         return Score(est.replica, 2, finish, finish, est.free_pages)
     inflicted = 0.0
@@ -313,7 +323,8 @@ def make_router(name: str, seed: int = 0):
 
 
 def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages: int,
-            total_pages: int, now: float, speed: float = 1.0) -> ReplicaLoad:
+            total_pages: int, now: float, speed: float = 1.0,
+            devices: int = 1) -> ReplicaLoad:
     """A replica's report from its live requests, each ``(priority, deadline,
     remaining_s)``: backlog by priority, and each class's least slack when the backlog runs
     in priority order, earliest deadline first within a class."""
@@ -330,4 +341,4 @@ def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages:
         slack[priority] = s if current is None else min(current, s)
     return ReplicaLoad(replica, (backlog[0], backlog[1], backlog[2]),
                        (slack[0], slack[1], slack[2]), free_pages, total_pages, len(items),
-                       now, speed)
+                       now, speed, devices)

@@ -116,6 +116,24 @@ def test_a_slower_replica_counts_the_request_longer():
     assert ranked[1].finish == pytest.approx(7.0)
 
 
+def test_on_a_node_a_request_alone_still_takes_its_one_device_time():
+    # An idle 8-device node drains 8 device-seconds per second (speed 1/8), but one 8 s
+    # request alone is not 8 x faster: it finishes at 8 s at best, past a 5 s deadline;
+    # the single device with 1 s of backlog finishes it at 9 s. Behind 16 device-seconds
+    # of others' work on the node (2 s), it is queued 2 s, then runs 8 s.
+    node = ReplicaLoad("node", (0.0, 0.0, 0.0), (None,) * 3, 100, 100, 0, 0.0, 1 / 8, 8)
+    busy = ReplicaLoad("busy", (0.0, 2.0, 0.0), (None,) * 3, 100, 100, 2, 0.0, 1 / 8, 8)
+    one = load("one", backlog=(0.0, 1.0, 0.0))
+    ranked = rank_replicas(req(8.0, deadline=5.0), [one, node, busy], RoutingBook(), 0.0)
+    assert {s.replica: s.finish for s in ranked} == \
+        pytest.approx({"node": 8.0, "one": 9.0, "busy": 10.0})
+    assert [s.replica for s in ranked] == ["node", "one", "busy"]
+    # It adds its 8 device-seconds (1 s of the node) to the backlog others wait behind.
+    book = RoutingBook()
+    book.record("node", req(8.0, deadline=50.0), now=0.0)
+    assert estimate(node, book.since("node", 0.0), now=0.0).backlog_s == [0.0, 1.0, 0.0]
+
+
 def test_round_robin_ignores_load():
     loads = [load("a", backlog=(0.0, 50.0, 0.0)), load("b"), load("c")]
     rr, book = RoundRobin(), RoutingBook()
