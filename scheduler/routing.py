@@ -23,8 +23,10 @@ tiers:
 
 Within tier 0 the replica with the least total work after placement wins (the request
 delays the least work behind it and the cluster's load stays even); within tier 1 the one
-with the least lateness inflicted on others; within tier 2 the one where the request
-finishes first. Ties go to the replica with more free pages, then to the lower index.
+with the least lateness inflicted on others; within tier 2 again the least total work: a
+request that misses everywhere joins its replica's late lane (the ``slo`` policy runs late
+requests after on-time work), so it finishes about when that replica's whole backlog has
+run. Ties go to the replica with more free pages, then to the lower index.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     if est.free_pages < req.pages:
         finish = max(finish, now + est.total_s + alone)
     if finish > req.deadline:
-        return Score(est.replica, 2, finish, finish, est.free_pages)
+        return Score(est.replica, 2, est.total_s + work, finish, est.free_pages)
     inflicted = 0.0
     for q in range(req.priority + 1, len(PRIORITIES)):
         s = est.slack_s[q]

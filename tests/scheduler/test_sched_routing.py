@@ -79,12 +79,15 @@ def test_a_lower_class_already_late_is_not_counted_as_harm():
     assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 0)]
 
 
-def test_when_every_replica_misses_the_earliest_finish_wins():
-    loads = [load("a", backlog=(0.0, 9.0, 0.0)), load("b", backlog=(0.0, 6.0, 0.0)),
-             load("c", backlog=(0.0, 7.0, 0.0))]
+def test_when_every_replica_misses_the_least_total_work_wins():
+    # A late request waits behind its replica's on-time work (the slo policy's late lane):
+    # b has the least work of all priorities (6 s), though c has the least at priority <= 1.
+    loads = [load("a", backlog=(0.0, 9.0, 0.0)), load("b", backlog=(0.0, 3.0, 3.0)),
+             load("c", backlog=(0.0, 2.0, 5.0))]
     ranked = rank_replicas(req(1.0, deadline=2.0), loads, RoutingBook(), now=0.0)
     assert [s.replica for s in ranked] == ["b", "c", "a"]
     assert {s.tier for s in ranked} == {2}
+    assert [s.key for s in ranked] == pytest.approx([7.0, 8.0, 10.0])
 
 
 def test_missing_pages_mean_waiting_for_the_whole_backlog():
@@ -127,7 +130,9 @@ def test_on_a_node_a_request_alone_still_takes_its_one_device_time():
     ranked = rank_replicas(req(8.0, deadline=5.0), [one, node, busy], RoutingBook(), 0.0)
     assert {s.replica: s.finish for s in ranked} == \
         pytest.approx({"node": 8.0, "one": 9.0, "busy": 10.0})
-    assert [s.replica for s in ranked] == ["node", "one", "busy"]
+    # All three miss: the least total work after placement ranks first (node 1 s, busy
+    # 2 + 1 s, one 1 + 8 s).
+    assert [s.replica for s in ranked] == ["node", "busy", "one"]
     # It adds its 8 device-seconds (1 s of the node) to the backlog others wait behind.
     book = RoutingBook()
     book.record("node", req(8.0, deadline=50.0), now=0.0)
