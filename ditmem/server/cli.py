@@ -87,7 +87,7 @@ def engine_config(args) -> EngineConfig:
 def main(args) -> int:
     import logging
 
-    from ditmem.server.runner import DRAINED, ENGINE_DEAD, serve
+    from ditmem.server.runner import DRAINED, ENGINE_DEAD, exit_now, serve
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -115,4 +115,5 @@ def main(args) -> int:
     said = {DRAINED: "drained", ENGINE_DEAD: f"engine dead: {engine.stats().dead}"}
     logging.getLogger("ditmem.server").warning(
         "ditmem serve: stopped (%s)", said.get(status, "drain timed out, the rest cancelled"))
+    exit_now(status)
     return status
