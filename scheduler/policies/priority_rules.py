@@ -81,9 +81,9 @@ def protected(now: float, ontime: list[Candidate], fraction: float) -> Candidate
     return None
 
 
-def late_order(now: float, c: Candidate, alive_first: bool) -> tuple:
-    """Sort key of late requests: with ``alive_first``, those that could still finish in time
-    alone (given up for the forecast or for others, not yet lost) first; then the shortest
-    remaining work per weight."""
+def late_order(now: float, c: Candidate, alive_first: bool, rank: int) -> tuple:
+    """Sort key of late requests in spare time: with ``alive_first``, those that could still
+    finish in time alone (given up for the forecast or for others, not yet lost) first; then
+    by ``rank`` (their place in the late lane)."""
     lost = alive_first and now + c.rem > c.req.deadline
-    return (lost, c.rem / c.req.weight, c.req.arrival)
+    return (lost, rank, c.req.arrival)

@@ -11,9 +11,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
    equal priority-0 request due later (``shield0``). So is a request that cannot finish in
-   time even alone. Late requests are never dropped: they run whenever nothing on time is
-   runnable — first those that could still finish in time alone (``alive_first``), then
-   the shortest per weight.
+   time even alone. Late requests are never dropped, and stay late: they join the *late
+   lane* (6.), and also run whenever nothing on time is runnable — first those that could
+   still finish in time alone (``alive_first``), then in lane order.
 2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
    requests, whose deadlines are far, are deferred while they still have slack, and small
    ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
@@ -35,9 +35,13 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    running part-done step continues unless finishing it would eat the slack of some on-time
    request served before it (an urgent arrival): only then is it parked. A part-done step
    resumes as the same batch and takes no joiners.
-6. **No starvation.** A late request that has waited ``aging`` × its SLO window past its
-   deadline runs as soon as on-time requests can absorb its step, and unconditionally after
-   twice that.
+6. **The tail bound (``late_lane``).** A late request gets a second deadline
+   ``D2 = max(D + late_windows · (D − A), now + (lane work + its own) / late_share)`` and is
+   guaranteed to finish by it (exact timings; proof in ``late_lane``): the lane runs as late
+   as possible, ahead of on-time work only once some member's slack to its D2 is down to one
+   iteration, with room made for it whatever the memory pressure; the give-up rule counts
+   the lane's schedule as time already taken. So no request waits without bound, and a
+   stream of urgent work cannot push a late one past its D2.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
 from .inside_step import group_of, is_part_done, keep_running, running_step
+from .late_lane import LateLane, member_work, plan_seconds
 from .priority_rules import Candidate, late_order, protected, rescued, set_aside
 
 INF = float("inf")
@@ -70,7 +75,9 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
-    * ``aging`` — SLO windows past its deadline after which a late request is served first;
+    * ``late_windows`` and ``late_share`` — a late request is promised to finish by
+      ``late_windows`` SLO windows past its deadline, or, when the lane is long, by the time
+      ``late_share`` of the device would finish the lane up to it (step 6);
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
     * ``batching`` — off to run one request per step;
     * ``chunk_budget`` — largest fraction of compute the preemption points between blocks
@@ -98,13 +105,16 @@ class SloPolicy(Policy):
         beta: float | None = None,
         headroom: float = 0.0,
         min_gain: float = 0.1,
-        aging: float = 10.0,
+        late_windows: float = 3.0,
+        late_share: float = 0.1,
         window: int = 32,
         batching: bool = True,
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
     ):
         super().__init__(cost)
+        self.lane = LateLane(late_windows, late_share)
+
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
         self.chunk_wait_share = chunk_wait_share
@@ -120,7 +130,6 @@ class SloPolicy(Policy):
         self.beta = beta
         self.headroom = headroom
         self.min_gain = min_gain
-        self.aging = aging
         self.window = window
         self.batching = batching
         self._static: dict[str, tuple[int, int]] = {}
@@ -158,16 +167,24 @@ class SloPolicy(Policy):
         out = [self._cand(s, s.request, s.steps_done) for s in view.active]
         for r in view.waiting.iter_by("deadline", self.window):
             out.append(self._cand(r, r, 0))
+        if len(self.lane):  # every late request counts, inside the window or not
+            seen = {c.req.id for c in out}
+            for rid in self.lane.ids():
+                if rid not in seen and rid in view.waiting:
+                    r = view.waiting.get(rid)
+                    out.append(self._cand(r, r, 0))
         if len(self._static) > 4 * len(out) + 256:  # forget cancelled requests
             keep = {c.req.id for c in out}
             self._static = {k: v for k, v in self._static.items() if k in keep}
+            alive = {s.id for s in view.active} | {r.id for r in view.waiting.iter_by("arrival")}
+            self.lane.prune(alive)
         return out
 
     def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: future arrivals that could outrank it are expected to take their share,
         and a ``margin`` fraction is kept spare."""
-        cap = delta * (1.0 - margin)
+        cap = delta * (1.0 - margin) - self.lane.forced(now, delta)
         if self.forecast is not None:
             outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
@@ -175,11 +192,16 @@ class SloPolicy(Policy):
 
     # ---- the decision ------------------------------------------------------------------
     def _classify(self, now: float, cands: list[Candidate]) -> list[Candidate]:
-        """Mark late requests; return the on-time ones by deadline, slack and guard set."""
-        ontime = []
+        """Mark late requests (and put new ones in the lane); return the on-time ones by
+        deadline, with slack and guard set."""
+        lane = self.lane
+        lane.settle(now, {c.req.id: c for c in cands})
+        ontime, fresh = [], []
         for c in cands:
-            c.late = now + c.rem > c.req.deadline
-            if not c.late:
+            c.late = c.req.id in lane or now + c.rem > c.req.deadline
+            if c.late and c.req.id not in lane:
+                fresh.append(c)
+            elif not c.late:
                 ontime.append(c)
         ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
         heap: list[tuple[float, int, Candidate]] = []
@@ -192,7 +214,14 @@ class SloPolicy(Policy):
             ):
                 victim = set_aside(heap, work - cap, self.shield0)
                 victim.late = True
+                fresh.append(victim)
                 work -= victim.rem
+        if fresh:
+            lane_work = lane.work()
+            for c in fresh:
+                lane.add(c, now, lane_work)
+                lane_work += c.rem
+            lane.settle(now, {c.req.id: c for c in cands})
         ontime = [c for c in ontime if not c.late]
         work, guard = 0.0, INF
         for c in ontime:
@@ -208,11 +237,38 @@ class SloPolicy(Policy):
         cands = self._candidates(view)
         ontime = self._classify(now, cands) if cands else []
         late = [c for c in cands if c.late]
+        plan = self._plan(now, view, ontime, late)
+        head = self.lane.head()
+        if head is not None:
+            # running the head alone keeps every lane slack; anything else spends it
+            by_id = {c.req.id: c for c in cands}
+            spent = plan_seconds(self.cost, view, by_id, plan)
+            if head.req.id in plan.batch:
+                spent -= member_work(head, plan)
+            if self.lane.slack(now) < spent - 1e-9:
+                plan = self._lane_plan(view) or plan
+        return self.with_pause(plan, view)
+
+    def _lane_plan(self, view: SchedulerView) -> StepPlan | None:
+        """A plan running the lane's head (or, when even offloading cannot make room for it,
+        the next member that fits); None when none fits."""
+        for c in self.lane.members():
+            plan = StepPlan()
+            if self._fit(view, c.item, plan):
+                return plan
+        return None
+
+    def _fit(self, view: SchedulerView, item, plan: StepPlan) -> bool:
+        """Put ``item`` (and, for a part-done step, its group) in ``plan``, making room."""
+        members = group_of(item, view) or [item]
+        return make_room(self.cost, view, members, plan, victim_order=self._victim_order)
+
+    def _plan(self, now, view, ontime: list[Candidate], late: list[Candidate]) -> StepPlan:
         plan = StepPlan()
         running = running_step(view)
         if running and self._keep_running(view, running, ontime):
             if make_room(self.cost, view, running, plan, victim_order=self._victim_order):
-                return self.with_pause(plan, view)
+                return plan
         for head in self._preference(now, ontime, late):
             group = group_of(head.item, view)
             if group:
@@ -222,7 +278,7 @@ class SloPolicy(Policy):
                 if self.batching:
                     self._fill_batch(now, view, plan, head, ontime, late)
                 break
-        return self.with_pause(plan, view)
+        return plan
 
     def chunk_blocks(self, members: list[Request]) -> int:
         """Blocks per chunk: at least the cost model's choice (overhead and restore bound),
@@ -250,8 +306,8 @@ class SloPolicy(Policy):
 
     def _preference(self, now: float, ontime: list[Candidate], late: list[Candidate]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
-        first = self._starving(now, late, ontime)
-        if first is None and self.rescue0 > 0:
+        first = None
+        if self.rescue0 > 0:
             first = rescued(ontime, self.rescue0, self.rescue_guard)
         if first is None and self.protect > 0:
             first = protected(now, ontime, self.protect)
@@ -261,23 +317,10 @@ class SloPolicy(Policy):
         if first is not None:
             yield first
         yield from ontime
-        yield from sorted(late, key=lambda c: late_order(now, c, self.alive_first))
-
-    def _starving(
-        self, now: float, late: list[Candidate], ontime: list[Candidate]
-    ) -> Candidate | None:
-        """The most overdue late request past ``aging`` SLO windows, if on-time requests
-        can absorb its step (always, past twice that)."""
-        overdue = [
-            c for c in late if now - c.req.deadline > self.aging * (c.req.deadline - c.req.arrival)
-        ]
-        if not overdue:
-            return None
-        c = min(overdue, key=lambda c: c.req.deadline)
-        hard = now - c.req.deadline > 2 * self.aging * (c.req.deadline - c.req.arrival)
-        if hard or all(o.slack >= c.tau for o in ontime):
-            return c
-        return None
+        rank = {c.req.id: n for n, c in enumerate(self.lane.members())}
+        yield from sorted(
+            late, key=lambda c: late_order(now, c, self.alive_first, rank.get(c.req.id, -1))
+        )
 
     @staticmethod
     def _victim_order(status: RequestStatus) -> tuple:
@@ -294,7 +337,10 @@ class SloPolicy(Policy):
             (
                 c
                 for c in ontime + late
-                if c.req.model == model and c is not head and not is_part_done(c.item)
+                if c.req.model == model
+                and c is not head
+                and not is_part_done(c.item)
+                and c.req.id not in plan.offload  # moved out to make room for the head
             ),
             key=lambda c: (c.late, self._key(c)),
         )
@@ -332,3 +378,4 @@ class SloPolicy(Policy):
         super().observe(report)
         for rid in report.finished:
             self._static.pop(rid, None)
+            self.lane.forget(rid)

