@@ -12,7 +12,8 @@ decode are single-device stages. A started request's state is token-sharded over
   receiver's bytes over the peer link — or through the host (offload + restore) when that
   is cheaper.
 Step times learn online: one measured/predicted factor per model (EWMA), normalised to
-degree 1.
+degree 1. The CostModel's own step times are read once per batch shape (the node never
+feeds it; its corrections stay as they were).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class NodeCost:
         self._alpha = correction_alpha
         self._correction: dict[str, float] = {}
         self._alone: dict[tuple[str, int, int], float] = {}
+        self._batch: dict[tuple, float] = {}
 
     # ---- steps -----------------------------------------------------------------------
     def speedup(self, model: str, tokens: float, degree: int) -> float:
@@ -69,8 +71,12 @@ class NodeCost:
         """Seconds for one step of a packed batch (token counts ``tokens``) at ``degree``."""
         if not tokens:
             return 0.0
-        base = self.cost.step_time(model, tokens)
-        return base / self.speedup(model, sum(tokens), degree) * self.correction(model)
+        key = (model, tuple(sorted(tokens)), degree)
+        base = self._batch.get(key)
+        if base is None:
+            base = self.cost.step_time(model, tokens) / self.speedup(model, sum(tokens), degree)
+            self._batch[key] = base
+        return base * self.correction(model)
 
     def alone_step(self, request: Request, degree: int = 1) -> float:
         """Seconds of one step of ``request`` alone at ``degree``."""

@@ -81,6 +81,8 @@ class NodeDevices(Protocol):
 
 def spread(durations: list[float], devices: int) -> float:
     """Wall time of single-device stages spread round-robin over ``devices`` devices."""
+    if len(durations) <= 1:
+        return durations[0] if durations else 0.0
     loads = [0.0] * max(1, devices)
     for i, d in enumerate(durations):
         loads[i % len(loads)] += d

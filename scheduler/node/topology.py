@@ -7,7 +7,7 @@ singles, 4 pairs, 2 quads and 1 octet (15 groups). A set of free devices is a bi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .speedup import Links
 
@@ -18,18 +18,15 @@ class Group:
 
     degree: int
     index: int
+    first: int = field(init=False, compare=False, repr=False)
+    devices: range = field(init=False, compare=False, repr=False)
+    mask: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def first(self) -> int:
-        return self.index * self.degree
-
-    @property
-    def devices(self) -> range:
-        return range(self.first, self.first + self.degree)
-
-    @property
-    def mask(self) -> int:
-        return ((1 << self.degree) - 1) << self.first
+    def __post_init__(self) -> None:
+        first = self.index * self.degree
+        object.__setattr__(self, "first", first)
+        object.__setattr__(self, "devices", range(first, first + self.degree))
+        object.__setattr__(self, "mask", ((1 << self.degree) - 1) << first)
 
     def __str__(self) -> str:
         last = self.first + self.degree - 1
@@ -49,6 +46,11 @@ class Node:
         )
         self._groups = {d: tuple(Group(d, k) for k in range(devices // d)) for d in self.degrees}
         self.all_mask = (1 << devices) - 1
+        self._parents: dict[Group, Group] = {}
+        for d in self.degrees[1:]:
+            for g in self._groups[d]:
+                for child in self._groups[d // 2][2 * g.index : 2 * g.index + 2]:
+                    self._parents[child] = g
 
     @property
     def max_degree(self) -> int:
@@ -71,10 +73,7 @@ class Node:
 
     def parent(self, group: Group) -> Group | None:
         """The group of twice the degree containing ``group`` (None at the top)."""
-        degree = group.degree * 2
-        if degree not in self._groups or group.index // 2 >= len(self._groups[degree]):
-            return None
-        return self._groups[degree][group.index // 2]
+        return self._parents.get(group)
 
     def free_groups(self, free_mask: int, degree: int) -> list[Group]:
         """Groups of ``degree`` whose devices are all in ``free_mask``."""

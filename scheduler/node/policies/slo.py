@@ -184,10 +184,10 @@ class NodeSloPolicy(NodePolicy):
         left = self._place_all(placer, view, starving + urgent, placed, done)
         targets = self._targets(now, ontime, everyone) if not starving else []
         for c, degree in targets:
-            if id(c) not in done:
-                self._place_target(placer, c, degree, placed)
-                done.add(id(c))  # placed, or waiting for a group of its size
-        rest = [c for c in ontime + late if id(c) not in done]
+            if id(c) not in done and self._place_target(placer, c, degree, placed):
+                done.add(id(c))
+        rest = [c for c in ontime if id(c) not in done]
+        rest += [c for c in late if id(c) not in done]
         left += self._place_all(placer, view, rest, placed, done)
         if self.batching and left:
             self._batch(now, placer, placed, [c for c in left if id(c) not in done])
@@ -225,9 +225,9 @@ class NodeSloPolicy(NodePolicy):
                 return placer.take(g, [c.item], 1)
         return None
 
-    def _place_target(self, placer: Placer, c: _Cand, degree: int, placed) -> None:
+    def _place_target(self, placer: Placer, c: _Cand, degree: int, placed) -> bool:
         """Step 4's placement: at ``degree``, else the largest free degree >= 2 (and >= its
-        need); nothing when none is free."""
+        need); False when none is free (it then takes its turn by deadline)."""
         for d in reversed(self.node.degrees):
             if d > degree or d < max(2, c.need):
                 continue
@@ -235,7 +235,8 @@ class NodeSloPolicy(NodePolicy):
             a = placer.take(g, [c.item], 1) if g is not None else None
             if a is not None:
                 placed.append((a, [c]))
-                return
+                return True
+        return False
 
     def _scales(self, c: _Cand) -> bool:
         """Whether degree 4 runs ``c`` at parallel efficiency >= ``efficiency``."""
