@@ -79,6 +79,16 @@ class Release:
 
 
 @dataclass(slots=True)
+class LinkProbe:
+    """Time ``repeats`` broadcasts of ``nbytes`` from the first of ``devices`` to the
+    others over the group's process group; replies the median seconds of one."""
+
+    devices: tuple[int, ...]
+    nbytes: int
+    repeats: int = 5
+
+
+@dataclass(slots=True)
 class Stats:
     """Page counts and held requests of this device."""
 
@@ -114,7 +124,8 @@ class Reply:
     """What a worker answers: ``ok`` with ``value``, or the ``error`` text; ``seconds`` the
     command took on the worker (wall) and ``cpu_seconds`` the CPU time of the worker's
     main thread in it (the one running the model with one torch thread: busy time, without
-    waits for a core or for peers, nor the collective backend's own threads); ``device_pages`` used after it."""
+    waits for a core or for peers, nor the collective backend's own threads);
+    ``device_pages`` used after it."""
 
     device: int
     ok: bool

@@ -23,9 +23,11 @@ devices keep serving.
 from __future__ import annotations
 
 import logging
-import time
+import threading
+from collections import deque
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from multiprocessing import connection, shared_memory
+from multiprocessing import shared_memory
 
 import numpy as np
 import torch.multiprocessing as tmp
@@ -65,13 +67,67 @@ def cover_group(devices: set[int], num_devices: int) -> tuple[int, ...]:
     raise ValueError(f"cover_group: devices {sorted(devices)} are not all in 0..{num_devices - 1}")
 
 
+class _Channel:
+    """One worker's pipe: commands go out in order, replies come back in the same order
+    and resolve the futures of their commands (a reader thread)."""
+
+    def __init__(self, device: int, conn, on_lost) -> None:
+        self.device = device
+        self.conn = conn
+        self.pending: deque[Future] = deque()
+        self.lost: str | None = None
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name=f"ditmem-reply-{device}",
+                                        daemon=True)
+
+    def start(self) -> Future:
+        """The future of the worker's first message (ready, or its start error)."""
+        fut: Future = Future()
+        self.pending.append(fut)
+        self._reader.start()
+        return fut
+
+    def send(self, command) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self.lost is not None:
+                fut.set_exception(DeviceLost(self.lost))
+                return fut
+            self.pending.append(fut)
+            try:
+                self.conn.send(command)
+            except (BrokenPipeError, OSError):
+                pass  # the reader sees the end of the pipe and fails the pending futures
+        return fut
+
+    def _read(self) -> None:
+        while True:
+            try:
+                reply = self.conn.recv()
+            except (EOFError, OSError):  # the worker exited (or was killed)
+                break
+            with self._lock:
+                fut = self.pending.popleft() if self.pending else None
+            if fut is not None:
+                fut.set_result(reply)
+        reason = self._on_lost(self.device)
+        with self._lock:
+            self.lost = reason
+            pending, self.pending = list(self.pending), deque()
+        for fut in pending:
+            fut.set_exception(DeviceLost(reason))
+
+
 class NodeEngine:
     """Device workers of one node and the control path (see module docstring).
 
     model: a name or folder for ``ditmem.models.load``; pool_pages / host_pages: pages per
     device pool / per device's host pool, of ``page_bytes``; device_type "cpu" (workers
     pinned to cores), "cuda" or "npu"; start_timeout_s bounds the start (model loading);
-    command_timeout_s bounds every call.
+    command_timeout_s bounds every call. Calls are thread-safe: commands to several
+    devices are sent under one lock, so every worker sees collective commands in the same
+    order; calls on disjoint devices run concurrently.
     """
 
     def __init__(self, model: str = "tiny-qwen-image", num_devices: int = 2, *,
@@ -86,31 +142,34 @@ class NodeEngine:
         self.parked: dict[str, list] = {}
         self.failed: dict[str, str] = {}
         self.dead: dict[int, str] = {}
+        self._lock = threading.RLock()
+        self._send_lock = threading.Lock()
+        self._closing = False
         self.hosts = [self._shared_host(host_pages, page_bytes, device_type)
                       for _ in range(num_devices)]
         config = WorkerConfig(model, num_devices, free_port(), device_type, pool_pages,
                               page_bytes, model_kwargs)
         ctx = tmp.get_context("spawn")
-        self._conns, self._procs = [], []
+        self._channels, self._procs = [], []
         for index in range(num_devices):
             here, there = ctx.Pipe()
             proc = ctx.Process(target=worker_main, args=(index, config, self.hosts, there),
                                name=f"ditmem-device-{index}", daemon=True)
             proc.start()
             there.close()
-            self._conns.append(here)
+            self._channels.append(_Channel(index, here, self._lost))
             self._procs.append(proc)
+        ready = [ch.start() for ch in self._channels]
         try:
-            ready = self._collect(set(range(num_devices)), start_timeout_s)
+            replies = self._wait(dict(enumerate(ready)), start_timeout_s)
         except BaseException:
             self.close()
             raise
-        bad = {d: r.error for d, r in ready.items() if not r.ok}
-        bad.update(self.dead)
+        bad = {d: r.error for d, r in replies.items() if not r.ok}
         if bad:
             self.close()
             raise RuntimeError(f"NodeEngine: workers failed to start: {bad}")
-        self.pids = [ready[d].value for d in range(num_devices)]
+        self.pids = [replies[d].value for d in range(num_devices)]
 
     @staticmethod
     def _shared_host(num_pages: int, page_bytes: int, device_type: str) -> HostPool:
@@ -120,73 +179,66 @@ class NodeEngine:
         return host
 
     # ------------------------------------------------------------------ plumbing
-    def _fail_device(self, device: int, reason: str) -> None:
-        if device in self.dead:
-            return
-        self.dead[device] = reason
-        log.warning("device %d lost: %s", device, reason)
-        for rid, devices in list(self.holders.items()):
-            if device in devices:
-                self.failed[rid] = reason
-                del self.holders[rid]
-        for rid, parts in list(self.parked.items()):
-            if any(p.device == device for p in parts):
-                self.failed[rid] = reason
-                del self.parked[rid]
-
-    def _collect(self, devices: set[int], timeout_s: float) -> dict[int, cmd.Reply]:
-        """One reply from each of ``devices``; a worker exiting meanwhile is failed."""
-        replies: dict[int, cmd.Reply] = {}
-        deadline = time.monotonic() + timeout_s
-        waiting = set(devices)
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"NodeEngine: devices {sorted(waiting)} did not answer "
-                                   f"within {timeout_s} s")
-            handles = {self._conns[d]: d for d in waiting}
-            handles.update({self._procs[d].sentinel: d for d in waiting})
-            for ready in connection.wait(list(handles), timeout=left):
-                d = handles[ready]
-                if d not in waiting:
-                    continue
-                if ready is self._conns[d]:
-                    try:
-                        replies[d] = self._conns[d].recv()
-                        waiting.discard(d)
-                        continue
-                    except (EOFError, ConnectionResetError):  # it died mid-reply
-                        pass
-                self._procs[d].join(timeout=5)
-                self._fail_device(d, f"device {d} worker exited (exit code "
-                                     f"{self._procs[d].exitcode})")
-                waiting.discard(d)
-        return replies
+    def _lost(self, device: int) -> str:
+        """Called by a channel's reader when its worker is gone: fail its requests."""
+        proc = self._procs[device]
+        proc.join(timeout=5)
+        if self._closing:
+            return f"device {device} worker stopped (engine closed)"
+        reason = f"device {device} worker exited (exit code {proc.exitcode})"
+        with self._lock:
+            if device in self.dead:
+                return self.dead[device]
+            self.dead[device] = reason
+            log.warning("device %d lost: %s", device, reason)
+            for rid, devices in list(self.holders.items()):
+                if device in devices:
+                    self.failed[rid] = reason
+                    del self.holders[rid]
+            for rid, parts in list(self.parked.items()):
+                if any(p.device == device for p in parts):
+                    self.failed[rid] = reason
+                    del self.parked[rid]
+        return reason
 
     def reap(self) -> dict[int, str]:
-        """Notice workers that exited since the last call (failing their requests);
-        returns every lost device with its reason."""
+        """Every lost device with its reason (waits briefly for workers that have exited
+        but whose loss is still being recorded)."""
         for d, p in enumerate(self._procs):
             if d not in self.dead and p.exitcode is not None:
-                self._fail_device(d, f"device {d} worker exited (exit code {p.exitcode})")
-        return dict(self.dead)
+                self._channels[d]._reader.join(timeout=10)
+        with self._lock:
+            return dict(self.dead)
+
+    def submit(self, commands: dict[int, object]) -> dict[int, Future]:
+        """Send each device its command (all under one lock) without waiting; the futures
+        resolve to the workers' ``Reply`` (or raise ``DeviceLost``)."""
+        with self._send_lock:
+            return {d: self._channels[d].send(c) for d, c in commands.items()}
+
+    def _wait(self, futures: dict[int, Future], timeout_s: float) -> dict[int, cmd.Reply]:
+        done, waiting = wait(list(futures.values()), timeout=timeout_s)
+        if waiting:
+            late = sorted(d for d, f in futures.items() if f in waiting)
+            raise TimeoutError(f"NodeEngine: devices {late} did not answer within {timeout_s} s")
+        replies, lost = {}, []
+        for d, f in futures.items():
+            try:
+                replies[d] = f.result()
+            except DeviceLost as exc:
+                lost.append(str(exc))
+        if lost:
+            raise DeviceLost("; ".join(lost))
+        return replies
 
     def _call(self, commands: dict[int, object]) -> dict[int, cmd.Reply]:
         """Send each device its command, then wait for all; ``DeviceLost`` if one is gone
         (before or during), ``CommandFailed`` with the workers' messages if one failed."""
-        self.reap()
-        gone = sorted(set(commands) & set(self.dead))
+        with self._lock:
+            gone = sorted(set(commands) & set(self.dead))
         if gone:
             raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
-        for d, c in commands.items():
-            try:
-                self._conns[d].send(c)
-            except (BrokenPipeError, OSError):
-                self._fail_device(d, f"device {d} worker is unreachable")
-        replies = self._collect(set(commands) - set(self.dead), self.command_timeout_s)
-        gone = sorted(set(commands) & set(self.dead))
-        if gone:
-            raise DeviceLost(f"devices {gone} were lost: {[self.dead[d] for d in gone]}")
+        replies = self._wait(self.submit(commands), self.command_timeout_s)
         errors = {d: r.error for d, r in replies.items() if not r.ok}
         if errors:
             raise CommandFailed("; ".join(f"device {d}: {e}" for d, e in sorted(errors.items())))
@@ -200,13 +252,15 @@ class NodeEngine:
         return devices
 
     def _holders(self, request_id: str) -> tuple[int, ...]:
-        if request_id in self.failed:
-            raise DeviceLost(f"{request_id} failed: {self.failed[request_id]}")
-        try:
-            return self.holders[request_id]
-        except KeyError:
-            raise KeyError(f"{request_id!r} is not held on any device"
-                           + (" (it is parked)" if request_id in self.parked else "")) from None
+        with self._lock:
+            if request_id in self.failed:
+                raise DeviceLost(f"{request_id} failed: {self.failed[request_id]}")
+            try:
+                return self.holders[request_id]
+            except KeyError:
+                raise KeyError(f"{request_id!r} is not held on any device"
+                               + (" (it is parked)" if request_id in self.parked else "")
+                               ) from None
 
     # ------------------------------------------------------------------ requests
     def encode(self, request, device: int) -> bool:
@@ -219,7 +273,8 @@ class NodeEngine:
         self._check_devices((device,))
         ok = self._call({device: cmd.Encode(request)})[device].value
         if ok:
-            self.holders[rid] = (device,)
+            with self._lock:
+                self.holders[rid] = (device,)
         return ok
 
     def step(self, plan: list[tuple[tuple[int, ...], list[str]]]) -> list[GroupResult]:
@@ -253,15 +308,17 @@ class NodeEngine:
             return
         cover = cover_group(set(old) | set(new), self.num_devices)
         self._call({d: cmd.Reshard(request_id, cover, old, new) for d in cover})
-        self.holders[request_id] = new
+        with self._lock:
+            self.holders[request_id] = new
 
     def park(self, request_id: str) -> None:
         """Offload every part of a held request into its devices' host pages (their device
         pages are freed)."""
         old = self._holders(request_id)
         replies = self._call({d: cmd.Offload(request_id) for d in old})
-        del self.holders[request_id]
-        self.parked[request_id] = [replies[d].value for d in old]
+        with self._lock:
+            del self.holders[request_id]
+            self.parked[request_id] = [replies[d].value for d in old]
 
     def resume(self, request_id: str, devices: tuple[int, ...]) -> bool:
         """Restore a parked request onto ``devices`` (any aligned group, any degree) from
@@ -277,8 +334,9 @@ class NodeEngine:
             self._call({d: cmd.Release(request_id) for d in new if replies[d].value})
             return False
         self._call({p.device: cmd.DropHost(request_id) for p in parts})
-        del self.parked[request_id]
-        self.holders[request_id] = new
+        with self._lock:
+            del self.parked[request_id]
+            self.holders[request_id] = new
         return True
 
     def decode(self, request_id: str) -> np.ndarray:
@@ -297,11 +355,22 @@ class NodeEngine:
 
     def release(self, request_id: str) -> None:
         """Free a request's pages wherever they are (device or host) on live devices."""
-        devices = set(self.holders.pop(request_id, ()))
-        devices |= {p.device for p in self.parked.pop(request_id, [])}
-        live = sorted(devices - set(self.dead))
+        with self._lock:
+            devices = set(self.holders.pop(request_id, ()))
+            devices |= {p.device for p in self.parked.pop(request_id, [])}
+            live = sorted(devices - set(self.dead))
         if live:
             self._call({d: cmd.Release(request_id) for d in live})
+
+    def peer_link_rate(self, devices: tuple[int, ...] = (0, 1), nbytes: int = 32 << 20,
+                       repeats: int = 5) -> float:
+        """Bytes per second of a broadcast of ``nbytes`` from the first of ``devices`` to
+        the others (the receivers' median time; the peer link, one direction)."""
+        devices = self._check_devices(devices)
+        if len(devices) < 2:
+            raise ValueError("peer_link_rate: needs a group of two or more devices")
+        replies = self._call({d: cmd.LinkProbe(devices, nbytes, repeats) for d in devices})
+        return nbytes / max(replies[d].value for d in devices[1:])
 
     def stats(self) -> dict[int, cmd.DeviceStats]:
         """Page counts of every live device."""
@@ -311,10 +380,12 @@ class NodeEngine:
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Stop every worker (idempotent)."""
-        for d, conn in enumerate(self._conns):
-            if d not in self.dead and self._procs[d].is_alive():
+        self._closing = True
+        for d, ch in enumerate(self._channels):
+            if self._procs[d].is_alive():
                 try:
-                    conn.send(cmd.Stop())
+                    with ch._lock:
+                        ch.conn.send(cmd.Stop())
                 except (BrokenPipeError, OSError):
                     pass
         for p in self._procs:
@@ -322,9 +393,10 @@ class NodeEngine:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
+        for ch in self._channels:
+            ch._reader.join(timeout=10)
+            ch.conn.close()
+        self._channels, self._procs = [], []
 
     def __enter__(self) -> NodeEngine:
         return self

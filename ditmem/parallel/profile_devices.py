@@ -4,7 +4,8 @@ Starts a node engine with ``N`` device workers (on CPU: processes pinned to core
 one request's step at every degree 1, 2, 4, ... <= N side by side
 (:func:`ditmem.parallel.speedup.measure_speedups`) for each ``--parallel-sides`` side, and
 returns ``{"<model key>": {"tokens": [...], "speedup": {"1": [...], "2": [...]},
-"source": "measured by ditmem profile --devices N on <machine>, <date>; ..."}}``.
+"source": "measured by ditmem profile --devices N on <machine>, <date>; ..."}}`` and the
+``links`` section (peer link measured between devices 0 and 1).
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def check_device_arguments(args, device_count: int | None = None) -> str | None:
     return None
 
 
-def measure_parallel(args, key: str, log=print) -> dict:
-    """The ``parallel`` section for model ``key`` (see module docstring)."""
+def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
+                     ) -> tuple[dict, dict]:
+    """The ``parallel`` section for model ``key`` (see module docstring) and the
+    ``links`` section: the peer link measured on devices 0 and 1, the host link as given
+    (the profile's measured host copy rate)."""
     from ditmem.parallel.node import NodeEngine
     from ditmem.parallel.speedup import measure_speedups, speedup_table
     from ditmem.scheduler.models import tokens_for
@@ -61,6 +65,7 @@ def measure_parallel(args, key: str, log=print) -> dict:
         rows = measure_speedups(node, sides, max(3, args.repeats),
                                 tokens_for=lambda s: tokens_for(key, s, s, args.frames),
                                 progress=log)
+        peer = node.peer_link_rate((0, 1))
     for r in rows:
         log(f"  {r['side']}x{r['side']} degree {r['degree']}: {r['step_ms']:.1f} ms wall "
             f"(x{r['speedup']:.2f}), {r['cpu_ms']:.1f} ms cpu (x{r['cpu_speedup']:.2f})")
@@ -69,4 +74,10 @@ def measure_parallel(args, key: str, log=print) -> dict:
     source = (f"measured by ditmem profile --devices {args.devices} on {machine}, {when}; "
               f"{args.parallel_clock} time, median of {max(3, args.repeats)} interleaved "
               f"rounds; one worker process per device")
-    return {key: speedup_table(rows, source, args.parallel_clock)}
+    links = {"device_bytes_per_s": peer, "host_bytes_per_s": host_bytes_per_s,
+             "source": f"measured by ditmem profile --devices {args.devices} on {machine}, "
+                       f"{when}: peer = median broadcast of 32 MiB between devices 0 and 1 "
+                       "(gloo between worker processes on CPU); host = the profile's "
+                       "host_link_bytes_per_s"}
+    log(f"  peer link {peer / 1e9:.2f} GB/s")
+    return {key: speedup_table(rows, source, args.parallel_clock)}, links

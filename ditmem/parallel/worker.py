@@ -170,6 +170,21 @@ class DeviceWorker:
             if part is not None:
                 part.state.free()
 
+    def _linkprobe(self, c: cmd.LinkProbe) -> float:
+        import statistics
+
+        import torch.distributed as dist
+
+        group = self.groups[c.devices]
+        buf = torch.ones(c.nbytes, dtype=torch.uint8, device=self.pool.device)
+        times = []
+        for _ in range(c.repeats + 1):  # the first one warms the pairs up
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.broadcast(buf, src=c.devices[0], group=group)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
     def _stats(self, c: cmd.Stats) -> cmd.DeviceStats:
         return cmd.DeviceStats(self.index, self.pool.num_used_pages, self.host.num_used_pages,
                                sorted(self.held), sorted(self.parked))

@@ -133,3 +133,52 @@ def test_speedup_measurement_rows_on_the_node(node):
     table = speedup_table(rows, "test")
     assert table["tokens"] == [16, 64] and len(table["speedup"]["2"]) == 2
     assert _pages(node) == {0: (0, 0), 1: (0, 0)}       # the measuring request is released
+
+
+def _node_cost():
+    import json
+    from pathlib import Path
+
+    import ditmem.scheduler as sched
+    from ditmem.scheduler.cost import CostModel
+    from ditmem.scheduler.node.cost import NodeCost
+
+    path = Path(sched.__file__).parent / "profiles" / "cpu-tiny.json"
+    data = json.loads(path.read_text())
+    data["parallel"] = {"qwen-image": {"tokens": [16, 4096], "source": "test",
+                                       "speedup": {"1": [1.0, 1.0], "2": [1.2, 1.8]}}}
+    data["links"] = {"device_bytes_per_s": 1e9, "host_bytes_per_s": 5e9, "source": "test"}
+    cost = CostModel.from_dict(data)
+    return cost, NodeCost
+
+
+def test_scheduler_node_loop_runs_on_real_devices(node):
+    """The scheduler's own node loop (run_node) drives the workers through EngineDevices:
+    every request finishes once, with the image an uninterrupted single-device run gives."""
+    from ditmem.engine.replay import to_generation
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler import Request
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+
+    cost, node_cost = _node_cost()
+    shapes = [(64, 64), (128, 64), (64, 96), (128, 128), (64, 64)]
+    outputs = {}
+    for policy in ("fifo", "slo"):
+        requests = [Request(f"q{i}", arrival=0.05 * i, width=w, height=h, steps=3, seed=i,
+                            priority=i % 3) for i, (w, h) in enumerate(shapes)]
+        truth = node_cost(cost)
+        topo = Node(2, truth.links)
+        devices = EngineDevices(node, to_generation, keep_outputs=True)
+        result = run_node(requests, make_node_policy(policy, node_cost(cost), topo), devices,
+                          topo, truth)
+        assert not devices.errors, devices.errors
+        assert sorted(r.request.id for r in result.records) == [f"q{i}" for i in range(5)]
+        assert all(sum(r.degrees.values()) == 3 for r in result.records)
+        outputs[policy] = devices.outputs
+        assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+    for rid, image in outputs["fifo"].items():
+        w, h = shapes[int(rid[1:])]
+        assert image.shape == (h, w, 3)
+        assert np.abs(image.astype(int) - outputs["slo"][rid].astype(int)).max() <= 1
