@@ -81,8 +81,9 @@ def gather_blocks(
     cache: [num_blocks, block_size, *row]; block_table: int32 [B, max_blocks];
     lens: int32 [B]. Returns [sum(lens), *row] with cache's dtype and device.
     """
-    validation.check_gather_blocks(cache, block_table, lens)
-    return backend_module(backend_for(cache)).gather_blocks(cache, block_table, lens)
+    total = validation.check_gather_blocks(cache, block_table, lens)
+    return backend_module(backend_for(cache)).gather_blocks(cache, block_table, lens,
+                                                            total=total)
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:

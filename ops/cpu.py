@@ -59,8 +59,8 @@ def write_blocks(x, cache, slot_mapping):
     _ops.write_blocks(x, cache, slot_mapping)
 
 
-def gather_blocks(cache, block_table, lens):
-    """See ditmem.ops.gather_blocks."""
+def gather_blocks(cache, block_table, lens, *, total=None):
+    """See ditmem.ops.gather_blocks (``total`` is not needed here)."""
     return _ops.gather_blocks(cache, block_table, lens)
 
 

@@ -59,7 +59,7 @@ def write_blocks(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tenso
 
 
 def gather_blocks(
-    cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor
+    cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor, *, total=None
 ) -> torch.Tensor:
     """Read each request's first lens[b] rows out of its blocks, packed.
 

@@ -1,6 +1,6 @@
 """Block ops in plain torch, for backends that have no kernels of their own for them (the
-Triton and NPU backends re-export these as their ``write_blocks`` / ``gather_blocks`` /
-``copy_blocks``; inputs already validated by ``ditmem.ops``)."""
+NPU backend re-exports these as its ``write_blocks`` / ``gather_blocks`` / ``copy_blocks``;
+inputs already validated by ``ditmem.ops``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def write_blocks(x, cache, slot_mapping):
     reference.write_blocks(x, cache, slot_mapping)
 
 
-def gather_blocks(cache, block_table, lens):
+def gather_blocks(cache, block_table, lens, *, total=None):
     """Plain torch gather (ditmem.ops.reference.gather_blocks)."""
     return reference.gather_blocks(cache, block_table, lens)
 

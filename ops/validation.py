@@ -214,8 +214,9 @@ def check_write_blocks(x, cache, slot_mapping):
         )
 
 
-def check_gather_blocks(cache, block_table, lens):
-    """Validate gather_blocks' inputs."""
+def check_gather_blocks(cache, block_table, lens) -> int | None:
+    """Validate gather_blocks' inputs; returns sum(lens) (read with the checks, in one host
+    read), or None when compiling."""
     cache = _tensor("cache", cache)
     _need(cache.dim() >= 2,
           lambda: f"{_desc('cache', cache)} must be [num_blocks, block_size, *row]")
@@ -223,7 +224,14 @@ def check_gather_blocks(cache, block_table, lens):
     lens = _index("lens", lens, 1, cache.device)
     _need(bt.shape[0] == lens.shape[0],
           lambda: f"{_desc('block_table', bt)} must have B={len(lens)} rows")
-    _raise_flagged(*_table_problems(bt, lens, cache.shape[0], cache.shape[1], "lens"))
+    if torch.compiler.is_compiling():
+        return None
+    flags, msgs = _table_problems(bt, lens, cache.shape[0], cache.shape[1], "lens")
+    values = torch.stack([*(f.to(torch.int64) for f in flags),
+                          lens.to(torch.int64).sum()]).tolist()  # the one host read
+    for bad, msg in zip(values, msgs, strict=False):
+        _need(not bad, msg)
+    return values[-1]
 
 
 def check_copy_blocks(src, dst, mapping):

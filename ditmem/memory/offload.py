@@ -67,13 +67,14 @@ class OffloadEngine:
     CUDA/NPU pool needs a pinned host pool.
 
     ``trim_tails`` copies only the granules (``trim_granule`` bytes, see ``copy_plan``) of
-    each tensor's last page that hold data; ``None`` means on for a CPU pool and off
-    otherwise (a host<->GPU copy goes run by run of consecutive blocks, and granules make
-    the mapping ``page_bytes / trim_granule`` times longer). Either way a transfer is one
-    ``copy_blocks`` call. ``copy_fn`` replaces ``ditmem.ops.copy_blocks`` (same signature),
-    e.g. to measure the op's own overhead; like the op it must be done with ``mapping`` when
-    its copy completes (on a CPU pool the engine refills one mapping buffer for the next
-    transfer when nothing is in flight).
+    each tensor's last page that hold data; ``None`` means on for CPU and CUDA pools (one
+    kernel launch or C++ call per transfer, whatever the mapping's length) and off for NPU
+    pools (their copies go run by run of consecutive blocks, and granules make the mapping
+    ``page_bytes / trim_granule`` times longer). Either way a transfer is one
+    ``copy_blocks`` call per host chunk it touches. ``copy_fn`` replaces
+    ``ditmem.ops.copy_blocks`` (same signature), e.g. to measure the op's own overhead;
+    like the op it must be done with ``mapping`` when its copy completes (on a CPU pool the
+    engine refills one mapping buffer for the next transfer when nothing is in flight).
     """
 
     def __init__(self, pool: PagePool, host: HostPool, *, mode: str = "auto",
@@ -88,7 +89,8 @@ class OffloadEngine:
         self.pool, self.host = pool, host
         self._copier = make_copier(mode, pool.device)
         self.mode = self._copier.name
-        self.trim_tails = pool.device.type == "cpu" if trim_tails is None else trim_tails
+        self.trim_tails = pool.device.type in ("cpu", "cuda") if trim_tails is None \
+            else trim_tails
         self.granule = granule_for(pool.page_bytes, self.trim_tails, trim_granule)
         self._device_blocks = block_view(pool.arena, self.granule)
         self._host_blocks = [block_view(c, self.granule) for c in host.chunks]

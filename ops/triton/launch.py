@@ -17,10 +17,6 @@ import os
 
 import torch
 
-from ditmem.ops.torch_blocks import copy_blocks as copy_blocks  # the backend interface
-from ditmem.ops.torch_blocks import gather_blocks as gather_blocks
-from ditmem.ops.torch_blocks import write_blocks as write_blocks
-
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the GPU autotuner
 GPU_CONFIGS = (
     (128, 64, 8, 3),

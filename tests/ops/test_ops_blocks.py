@@ -3,6 +3,9 @@ plain indexing written out in the test."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,13 +13,24 @@ from hypothesis import strategies as st
 
 import ditmem.ops as ops
 
+sys.path.insert(0, str(Path(__file__).parent))
+from ops_factories import device_for  # noqa: E402
+
 BACKENDS = [n for n, why in ops.available_backends().items() if why is None and n != "npu"]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    with ops.use_backend(request.param):
-        yield request.param
+    """Forces the backend; with a GPU, triton's tests make their tensors on CUDA (the
+    default device), as its kernels need."""
+    dev = device_for(request.param)
+    previous = torch.get_default_device()
+    torch.set_default_device(dev)
+    try:
+        with ops.use_backend(request.param):
+            yield request.param
+    finally:
+        torch.set_default_device(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
@@ -88,12 +102,16 @@ def test_copy_blocks_many_blocks_same_device(backend):
 def test_copy_blocks_large_copies_stream_past_the_caches(backend):
     # > 16 MiB in total takes the streaming-store path; odd sizes and a dst pool whose
     # blocks start 1 byte off alignment exercise its unaligned head and tail
+    if backend == "triton" and not torch.cuda.is_available():
+        pytest.skip("18 MiB through the Triton interpreter takes minutes; runs on a GPU")
     g = torch.Generator().manual_seed(0)
-    src = torch.randint(0, 255, (18, (1 << 20) + 3), dtype=torch.uint8, generator=g)
+    dev = torch.get_default_device()
+    src = torch.randint(0, 255, (18, (1 << 20) + 3), dtype=torch.uint8, generator=g,
+                        device="cpu").to(dev)
     pool = torch.zeros(20, (1 << 20) + 9, dtype=torch.uint8)
     dst = pool[:, 1 : (1 << 20) + 4]
-    mapping = torch.stack([torch.randperm(18, generator=g), torch.randperm(20, generator=g)[:18]],
-                          1)
+    mapping = torch.stack([torch.randperm(18, generator=g, device="cpu"),
+                           torch.randperm(20, generator=g, device="cpu")[:18]], 1).to(dev)
     ops.copy_blocks(src, dst, mapping)
     assert torch.equal(dst[mapping[:, 1]], src[mapping[:, 0]])
     assert pool[:, 0].eq(0).all() and pool[:, (1 << 20) + 4 :].eq(0).all()
@@ -118,3 +136,43 @@ def test_write_then_gather_round_trips_through_shuffled_pages(lens, block_size, 
     ops.write_blocks(x, cache, torch.tensor(slots, dtype=torch.int64))
     out = ops.gather_blocks(cache, table, torch.tensor(lens, dtype=torch.int32))
     assert torch.equal(out, x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("direction", ["offload", "restore"])
+def test_triton_copy_blocks_reads_and_writes_pinned_host_memory(direction):
+    dev = torch.device("cuda")
+    host = torch.zeros(9, 4096, dtype=torch.uint8).pin_memory()
+    device = torch.randint(0, 255, (7, 4096), dtype=torch.uint8, device=dev)
+    mapping = torch.tensor([[0, 8], [3, 1], [6, 0], [2, 5]])
+    src, dst = (device, host) if direction == "offload" else (host.random_(0, 255), device)
+    with ops.use_backend("triton"):
+        ops.copy_blocks(src, dst, mapping)
+    torch.cuda.synchronize()
+    for s, d in mapping.tolist():
+        assert torch.equal(dst[d].cpu(), src[s].cpu())
+
+
+def test_triton_block_ops_run_one_kernel_launch(monkeypatch):
+    if ops.available_backends()["triton"] is not None:
+        pytest.skip(ops.available_backends()["triton"])
+    from ditmem.ops.triton import blocks
+
+    launches = []
+    original = blocks._launch
+    monkeypatch.setattr(blocks, "_launch", lambda *a: launches.append(a[4]) or original(*a))
+    dev = device_for("triton")
+    cache = torch.zeros(16, 4, 3, device=dev)
+    slots = torch.randperm(64, device=dev)[:40]
+    x = torch.randn(40, 3, device=dev)
+    with ops.use_backend("triton"):
+        ops.write_blocks(x, cache, slots)
+        table = torch.arange(16, device=dev, dtype=torch.int32).view(2, 8)
+        out = ops.gather_blocks(cache, table, torch.tensor([30, 3], dtype=torch.int32,
+                                                            device=dev))
+        ops.copy_blocks(cache, torch.zeros_like(cache),
+                        torch.stack([torch.arange(16), torch.randperm(16)], 1).to(dev))
+    assert launches == [40, 33, 16]  # one launch per call, over all its rows
+    flat = cache.view(64, 3)
+    assert torch.equal(flat[slots], x)
+    assert torch.equal(out, torch.cat([flat[:30], flat[32:35]]))

@@ -102,7 +102,8 @@ def test_ops_run_the_selected_backend(monkeypatch):
     from ditmem.ops import reference
 
     real = reference.gather_blocks
-    monkeypatch.setattr(reference, "gather_blocks", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(reference, "gather_blocks",
+                        lambda *a, **kw: calls.append(a) or real(*a, **kw))
     cache = torch.randn(2, 2, 3)
     table = torch.tensor([[1]], dtype=torch.int32)
     lens = torch.tensor([2], dtype=torch.int32)
