@@ -14,8 +14,9 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    shortest per weight); one overdue by ``aging`` SLO windows goes first (no starvation).
 3. **Urgent first.** On-time requests with less than ``urgent`` of their SLO window left as
    slack are placed first, by deadline, at their needed degree.
-4. **Parallel targets.** The ``longest`` earliest-due requests that scale (degree 4 at
-   parallel efficiency ≥ ``efficiency``: the large tier, whose run time sets the P95) get
+4. **Parallel targets.** The ``longest`` requests that scale (degree 4 at parallel
+   efficiency ≥ ``efficiency``), largest per-step time first (the large tier, whose run
+   time sets the P95; earliest deadline within a tier), get
    the largest degree of at least that efficiency that leaves every other on-time request
    feasible on the devices left while it runs (device-seconds by deadline) — on their own
    group when free, else the largest free group of degree ≥ 2. A target that finds no
@@ -249,11 +250,13 @@ class NodeSloPolicy(NodePolicy):
         return c.req.deadline - now - c.rem(k) < self.urgent * (c.req.deadline - c.req.arrival)
 
     def _targets(self, now: float, ontime: list[_Cand], everyone: list[_Cand]):
-        """Step 4's choice: up to ``longest`` scaling on-time requests by deadline, each at
-        the largest degree of efficiency >= ``efficiency`` that ``_fits``."""
+        """Step 4's choice: up to ``longest`` scaling on-time requests (largest tier first,
+        by deadline within it), each at the largest degree of efficiency >= ``efficiency``
+        that ``_fits``."""
         if self.longest <= 0:
             return []
-        pool = [c for c in ontime if self._scales(c)][: self.longest]
+        pool = sorted((c for c in ontime if self._scales(c)), key=lambda c: -c.tau[0])
+        pool = pool[: self.longest]  # the largest tier first, by deadline within it
         chosen: list[tuple[_Cand, int, float]] = []
         degrees = self.node.degrees
         for big in pool:

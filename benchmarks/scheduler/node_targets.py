@@ -1,0 +1,130 @@
+"""Issue 15's targets on a node of 8 × h200, measured with timing noise on (σ = 3 %).
+
+    python benchmarks/scheduler/node_targets.py --part targets    # seed-mix, omni-mix; ρ 0.7, 0.8
+    python benchmarks/scheduler/node_targets.py --part heldout    # the same on seeds 5-9
+    python benchmarks/scheduler/node_targets.py --part goodput    # bisection, and the bound's
+    python benchmarks/scheduler/node_targets.py --part others     # wan-mix, video-image-mix
+    python benchmarks/scheduler/node_targets.py --part sweep      # seed-mix ρ 0.5-1.0 + plot
+    ... [--quick] [--out DIR]
+
+Each part writes ``DIR/node_<part>.json`` (default benchmarks/scheduler/results) and prints
+a table. Every row pools its seeds (2,000 requests each unless said). Baselines in the same
+run: ``fifo`` on static replicas of degree 1, 2, 4, 8 (today's vllm-omni deployment),
+``srtf`` on degree-1 replicas, ``elastic-np`` (TetriServe-style); the bound and the
+clairvoyant reference on the relaxed machine beside each point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ditmem.scheduler import CostModel
+from ditmem.scheduler.experiment import plot_sweep
+from ditmem.scheduler.node.experiment import (
+    NodeScenario,
+    bound_goodput,
+    node_bound,
+    node_goodput,
+    run_node_point,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEVICES = 8
+RUNS = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("fifo", 8), ("srtf", 1), ("elastic-np", 1),
+        ("slo", 1)]
+HEAD = (
+    f"{'policy':<12} {'workload':<16} {'load':>4} {'reqs':>6} {'att%':>7} {'p0%':>7} "
+    f"{'P50':>7} {'P95':>7} {'P99':>7} {'max':>7} {'deg':>5}"
+)
+
+
+def label(row: dict) -> str:
+    d = row["baseline_degree"]
+    return row["policy"] if d is None else f"{row['policy']} d={d}"
+
+
+def show(row: dict) -> str:
+    p0 = row["per_priority"]["0"]["slo_attainment"]
+    steps = row["steps_by_degree"]
+    deg = sum(int(d) * k for d, k in steps.items()) / max(1, sum(steps.values()))
+    p0s = "-" if p0 is None else f"{100 * p0:.2f}"
+    return (
+        f"{label(row):<12} {row['workload']:<16} {row['load']:4.2f} {row['requests']:6d} "
+        f"{100 * row['slo_attainment']:7.2f} {p0s:>7} {row['p50_s']:7.1f} {row['p95_s']:7.1f} "
+        f"{row['p99_s']:7.1f} {row['max_s']:7.1f} {deg:5.2f}"
+    )
+
+
+def scenario(workload: str, seeds, requests) -> NodeScenario:
+    return NodeScenario(CostModel.load("h200"), DEVICES, workload, requests=requests,
+                        seeds=tuple(seeds))
+
+
+def points(workloads, loads, seeds, requests, runs=RUNS) -> list[dict]:
+    rows = []
+    print(HEAD)
+    for wl in workloads:
+        sc = scenario(wl, seeds, requests)
+        for load in loads:
+            b = node_bound(sc, load)
+            for policy, degree in runs:
+                t0 = time.time()
+                row = run_node_point(sc, policy, load, degree)
+                row.update(b)
+                row["wall_s"] = time.time() - t0
+                rows.append(row)
+                print(show(row), flush=True)
+            print(f"{'bound':<12} {wl:<16} {load:4.2f} {b['requests']:6d} "
+                  f"{100 * b['bound_attainment']:7.2f}   (clairvoyant on the relaxed machine "
+                  f"{100 * b['clairvoyant_attainment']:.2f})", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", required=True,
+                        choices=("targets", "heldout", "goodput", "others", "sweep"))
+    parser.add_argument("--quick", action="store_true", help="300 requests, 2 seeds")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    n, seeds, held = (300, range(2), range(5, 7)) if args.quick else (2000, range(5), range(5, 10))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    if args.part == "targets":
+        rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), seeds, n)
+    elif args.part == "heldout":
+        runs = [("fifo", 1), ("fifo", 2), ("elastic-np", 1), ("slo", 1)]
+        rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), held, n, runs)
+    elif args.part == "others":
+        rows = points(("wan-mix",), (0.7, 0.8), seeds, 100 if args.quick else 500)
+        rows += points(("video-image-mix",), (0.7, 0.8), seeds, 200 if args.quick else 1000)
+    elif args.part == "goodput":
+        rows = []
+        for wl in ("seed-mix", "omni-mix"):
+            sc = scenario(wl, seeds, n)
+            row = {"workload": wl, "bound": bound_goodput(sc, lo=0.3, tol=0.02)}
+            print(f"{wl}: bound allows {row['bound']:.3f}", flush=True)
+            for policy, degree in [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1),
+                                   ("slo", 1)]:
+                name = policy if policy != "fifo" else f"fifo d={degree}"
+                row[name] = node_goodput(sc, policy, degree, lo=0.1, tol=0.02)
+                print(f"{wl}: goodput {name} {row[name]:.3f}", flush=True)
+            rows.append(row)
+    else:
+        loads = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+        runs = [("fifo", 1), ("fifo", 2), ("srtf", 1), ("elastic-np", 1), ("slo", 1)]
+        rows = points(("seed-mix",), loads, range(2), n, runs)
+        plot_sweep([dict(r, policy=label(r)) for r in rows],
+                   str(out / "node_seed_mix_sweep.png"),
+                   f"seed-mix on {DEVICES} x h200, Poisson, noise 3 % (2 x {n} requests)")
+    path = out / f"node_{args.part}{'_quick' if args.quick else ''}.json"
+    path.write_text(json.dumps(rows, indent=2))
+    print(f"wrote {path} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
