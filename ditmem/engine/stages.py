@@ -7,6 +7,8 @@ policy chose the ids, the loop hands over the jobs.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ditmem.engine.jobs import Job
@@ -14,6 +16,9 @@ from ditmem.engine.timing import StageTimer
 from ditmem.engine.tracing import stage_range
 from ditmem.memory import OffloadEngine, PagePool
 from ditmem.models.tiled_decode import decode_job
+
+log = logging.getLogger(__name__)
+MIB = 2**20
 
 
 def state_pages(state) -> int:
@@ -50,7 +55,9 @@ class Stages:
         job.timing.encode_s += dt
         job.timing.running_s += dt
         if state is None:
+            log.debug("encode %s: no room in the pool (%.1f ms)", job.id, 1e3 * dt)
             return False
+        log.debug("encode %s: %d pages, %.1f ms", job.id, state_pages(state), 1e3 * dt)
         job.state = state
         return True
 
@@ -58,6 +65,7 @@ class Stages:
         """One packed denoising step over ``jobs``; returns its wall time in seconds."""
         with stage_range("step", f"batch={len(jobs)}"):
             _, dt = self.timer.time(lambda: self.gen.step([j.state for j in jobs]))
+        log.debug("step [%s]: %.1f ms", ",".join(j.id for j in jobs), 1e3 * dt)
         for j in jobs:
             j.timing.running_s += dt
             j.timing.steps_run += 1
@@ -79,6 +87,7 @@ class Stages:
 
         with stage_range("decode", job.id):
             out, dt = self.timer.time(run)
+        log.debug("decode %s: %.1f ms", job.id, 1e3 * dt)
         job.timing.decode_s += dt
         job.timing.running_s += dt
         return out
@@ -94,7 +103,10 @@ class Stages:
         with stage_range("offload", job.id):
             self.offloader.finish_offload(handle)
         job.timing.offload_s += handle.copy_s
-        return handle.num_pages * self.pool.page_bytes
+        nbytes = handle.num_pages * self.pool.page_bytes
+        log.debug("offload %s: %.1f MiB copied in %.2f ms", job.id, nbytes / MIB,
+                  1e3 * handle.copy_s)
+        return nbytes
 
     def start_restore(self, job: Job):
         """Launch the copy of ``job``'s pages into free device pages: its handle, or None
@@ -109,7 +121,10 @@ class Stages:
         with stage_range("restore", job.id):
             self.offloader.finish_restore(handle)
         job.timing.offload_s += handle.copy_s
-        return handle.num_pages * self.pool.page_bytes
+        nbytes = handle.num_pages * self.pool.page_bytes
+        log.debug("restore %s: %.1f MiB copied in %.2f ms", job.id, nbytes / MIB,
+                  1e3 * handle.copy_s)
+        return nbytes
 
     def restore(self, job: Job) -> int | None:
         """:meth:`start_restore` + :meth:`finish_restore`; None when there is no room."""

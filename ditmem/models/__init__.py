@@ -70,10 +70,21 @@ def load(name_or_path: str, *, device="cpu", dtype=None, **kwargs):
     ``dtype``: ``torch.bfloat16|float16|float32`` or its name (``"bf16"`` ...); ``None``
     means bfloat16 on CUDA/NPU and float32 on the CPU (``ditmem.models.dtypes``). Other
     kwargs: see the model modules. ValueError for an unknown dtype or path."""
+    import logging
+    import time
+
     from ditmem.models.dtypes import resolve_dtype
 
     kwargs["device"] = device
     kwargs["dtype"] = resolve_dtype(dtype, device)
+    t0 = time.perf_counter()
+    generator = _load(name_or_path, kwargs)
+    logging.getLogger(__name__).info("loaded %s on %s in %s (%.1f s)", name_or_path, device,
+                                     kwargs["dtype"], time.perf_counter() - t0)
+    return generator
+
+
+def _load(name_or_path: str, kwargs: dict):
     if name_or_path in EMBEDDED:
         return _module(EMBEDDED[name_or_path]).load(name_or_path, **kwargs)
     import json

@@ -103,7 +103,8 @@ def test_serve_config_generates_in_bf16():
     for dtype in ("float32", "bfloat16"):
         parser, _ = build_parser("serve")
         args = parser.parse_args(["serve", "--dtype", dtype, "--pool-mb", "16",
-                                  "--page-kb", "16", "--policy", "fifo"])
+                                  "--page-kb", "16", "--policy", "fifo",
+                                  "--profile", "cpu-tiny"])
         engine = build_engine(engine_config(args)).start()
         try:
             assert engine.gen.dtype == getattr(torch, dtype)
