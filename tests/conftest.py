@@ -10,3 +10,5 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:  # numerics over many shapes: one fixed tile each, not an autotune search per shape
+    os.environ.setdefault("DITMEM_TRITON_AUTOTUNE", "0")

@@ -61,6 +61,26 @@ def main(argv=None) -> int:
                     row.update(ok=False, error=repr(exc)[:200])
                 rows.append(row)
                 print(row, flush=True)
+        from ditmem.ops.triton.blocks import BLOCK, _kernel
+
+        copy_kernel = _kernel()
+        for width in ("i64", "i16"):
+            sig = {"SRC": f"*{width}", "DST": f"*{width}", "SRC_IDX": "*i64", "DST_IDX": "*i64",
+                   "row_elems": "i32", "src_stride_b": "i64", "src_stride_s": "i64",
+                   "dst_stride_b": "i64", "dst_stride_s": "i64"}
+            consts = dict(SRC_BS=64, DST_BS=1, HAS_SRC_IDX=True, HAS_DST_IDX=True, BLOCK=BLOCK)
+            sig.update({k: "constexpr" for k in consts})
+            row = dict(arch=f"sm_{arch}", kernel="copy_rows", width=width)
+            try:
+                out = triton.compile(triton.compiler.ASTSource(
+                    fn=copy_kernel, signature=sig, constexprs=consts),
+                    target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+                row.update(ok="cubin" in out.asm)
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                row.update(ok=False, error=repr(exc)[:200])
+            rows.append(row)
+            print(row, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -5,6 +5,8 @@ Tiles: on a GPU the kernel is autotuned per (head dim, page size, GQA group, dty
 :func:`prune_configs` to the tiles that fit that head dim and dtype; bf16/fp16 inputs go
 through ``tl.dot`` on tensor cores with fp32 accumulation, fp32 inputs use exact fp32 dots.
 Under the interpreter (CPU tensors) one small fixed tile runs, with fp32 math.
+``DITMEM_TRITON_AUTOTUNE=0`` skips the search on a GPU and runs :data:`FIXED_TILE` (the
+test suite does: it checks numerics over many shapes, each of which would be tuned).
 Index tensors (cu_seqlens, block_table, kv_lens) are normalised to contiguous int32 (a
 strided view costs one small copy; the kernel assumes unit strides).
 """
@@ -28,6 +30,12 @@ GPU_CONFIGS = (
 )
 #: the interpreter's fixed tile (it is slow: small tiles waste fewer rows)
 INTERPRETER_TILE = (16, 16)
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages) on a GPU with DITMEM_TRITON_AUTOTUNE=0
+FIXED_TILE = (64, 32, 4, 2)
+
+
+def _autotune() -> bool:
+    return os.environ.get("DITMEM_TRITON_AUTOTUNE", "1") != "0"
 
 
 def _interpreting() -> bool:
@@ -58,7 +66,7 @@ def _kernel():
 
     from ditmem.ops.triton.kernel import paged_attention_fwd
 
-    if _interpreting():
+    if _interpreting() or not _autotune():
         return paged_attention_fwd
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                for m, n, w, s in GPU_CONFIGS]
@@ -106,6 +114,11 @@ def _paged_attention_op(
         block_m, block_n = INTERPRETER_TILE
         grid = (triton_cdiv(max_q_len, block_m), batch * heads)
         kernel[grid](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=True)
+    elif not _autotune():
+        block_m, block_n, warps, stages = FIXED_TILE
+        grid = (triton_cdiv(max_q_len, block_m), batch * heads)
+        kernel[grid](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n,
+                     DOT_FP32=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     else:
         def grid(config):
             return (triton_cdiv(max_q_len, config["BLOCK_M"]), batch * heads)
