@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "2048->1024, where the largest request takes >= 20x the smallest, "
                         "as on a GPU; 8 is about 5x faster but only ~5x)")
     p.add_argument("--policies", default="fifo,slo")
+    p.add_argument("--devices", type=int, default=1,
+                   help="N > 1: the node demo on N device workers (CPU: processes pinned to "
+                        "cores, N <= cores): fifo on N static replicas, then slo with "
+                        "elastic degree and migration (ditmem.parallel.node_demo)")
     p.add_argument("--pool-mb", type=float, default=64.0)
     add_model_arguments(p, memory=False)
     p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
@@ -128,6 +132,10 @@ def main(args) -> int:
     from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
     from ditmem.scheduler import CostModel
 
+    if args.devices > 1:
+        from ditmem.parallel.node_demo import main as node_main
+
+        return node_main(args)
     set_torch_threads(args.threads)
     if args.profile != "measure" and args.profile.endswith(".json") \
             and not Path(args.profile).is_file():

@@ -1,0 +1,235 @@
+"""``ditmem demo --devices D``: the seed-mix replay on a node of D device workers.
+
+One trace (seed-mix with GPU shapes divided by ``--divisor``, Poisson arrivals at load ρ
+per device, computed with the profile measured at start) is replayed in real time twice,
+one policy after the other, on the same node engine: ``fifo`` on D static single-device
+replicas, then ``slo`` with elastic sequence-parallel degree and migration. Both run the
+scheduler's own node loop (``run_node``) over :class:`~ditmem.parallel.devices.
+EngineDevices`: every step runs on the workers. Beside the measured numbers: what the node
+simulator predicts for the same trace (timing noise on), the trace's offline attainment
+bound, and a P95 floor (95th percentile of each request's time alone at the highest
+degree). The targets of the two-device main job are checked and printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+
+
+def _profile(args, node, log) -> dict:
+    """The single-device profile (measured here now, or ``--profile``) with the node's
+    ``parallel`` and ``links`` sections measured on the workers."""
+    from ditmem import models
+    from ditmem.engine.profile import measure_profile
+    from ditmem.parallel.speedup import measure_speedups, speedup_table
+    from ditmem.scheduler.models import tokens_for
+    from ditmem.scheduler.workloads import MIXES
+
+    sides = sorted({max(16, s.width // args.divisor // 16 * 16)
+                    for s in MIXES[args.workload].shapes})
+    if args.profile == "measure":
+        import torch
+
+        torch.set_num_threads(1)  # as a worker computes
+        gen = models.load(args.model, dtype=args.dtype)
+        log(f"measuring the device profile for sides {sides} (one thread, as a worker) ...")
+        profile = measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
+                                  page_kb=args.page_kb, tool="ditmem demo --devices",
+                                  log=lambda *_: None, decode_tile=None)
+        del gen
+    else:
+        from ditmem.scheduler.profiles import load_profile
+
+        profile = json.loads(json.dumps(load_profile(args.profile)))
+    key = next(iter(profile["models"]))
+    log(f"measuring the speed-up per degree on {node.num_devices} devices ...")
+    rows = measure_speedups(node, sides, 3, tokens_for=lambda s: tokens_for(key, s, s, 1))
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    profile["parallel"] = {key: speedup_table(
+        rows, f"measured by ditmem demo --devices {node.num_devices}, {when}; worker CPU "
+              "time, median of 3 rounds")}
+    host = profile["host_link_bytes_per_s"]
+    profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
+                        "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
+                        "source": f"measured by ditmem demo --devices, {when}"}
+    with open(args.profile_out, "w") as f:
+        json.dump(profile, f, indent=2)
+    log(f"profile: {args.profile_out} (speed-up at degree 2: "
+        f"{profile['parallel'][key]['speedup'].get('2')})")
+    return profile
+
+
+def build_trace(args, cost, devices: int):
+    """The requests: the workload at ρ × D, shapes divided by ``--divisor``."""
+    from ditmem.scheduler.workloads import with_load, workload
+
+    reqs = workload(args.workload, cost, load=args.load * devices, requests=args.requests,
+                    seed=args.seed, arrival=args.arrival, scale="gpu")
+    for r in reqs:
+        r.width = max(16, r.width // args.divisor // 16 * 16)
+        r.height = max(16, r.height // args.divisor // 16 * 16)
+    return with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
+
+
+class _Progress:
+    """One progress line for the whole run (rewritten in place)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.label = ""
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.enabled:
+            sys.stdout.write(f"\r{self.label}: {done}/{total} requests done   ")
+            sys.stdout.flush()
+
+    def end(self) -> None:
+        if self.enabled:
+            sys.stdout.write("\n")
+
+
+def run_policy(node, name: str, trace, cost, topo_devices: int, progress) -> dict:
+    """Replay ``trace`` under ``name`` on the node's real devices."""
+    from ditmem.engine.replay import to_generation
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+
+    truth = NodeCost(cost)
+    topo = Node(topo_devices, truth.links)
+    policy = make_node_policy(name, NodeCost(cost), topo)
+    devices = EngineDevices(node, to_generation)
+    progress.label = name
+    t0 = time.perf_counter()
+    result = run_node([dataclasses.replace(r) for r in trace], policy, devices, topo, truth,
+                      progress=progress)
+    wall = time.perf_counter() - t0
+    progress.end()
+    for rec in result.records:  # a request whose job failed is a miss
+        if rec.request.id in devices.failed:
+            rec.finished = math.inf
+    out = summarize(result.records)
+    steps: dict[str, int] = {}
+    for rec in result.records:
+        for d, k in rec.degrees.items():
+            steps[str(d)] = steps.get(str(d), 0) + k
+    out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
+               migrations=sum(r.migrations for r in result.records),
+               parks=sum(r.offloads for r in result.records))
+    return out
+
+
+def predict(name: str, trace, cost, devices: int, seed: int) -> dict:
+    """The node simulator on the same trace, timing noise on (3 %, seeded)."""
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+
+    topo = Node(devices, NodeCost(cost).links)
+    policy = make_node_policy(name, NodeCost(cost), topo)
+    result = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
+                           noise=TimingNoise(0.03, 0.0, seed))
+    return summarize(result.records)
+
+
+def limits(trace, cost, devices: int) -> dict:
+    """The trace's offline attainment bound on the node and the P95 floor."""
+    from ditmem.scheduler.node.bound import min_node_misses
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.topology import Node
+
+    ncost = NodeCost(cost)
+    topo = Node(devices, ncost.links)
+    reqs = [dataclasses.replace(r) for r in trace]
+    bound = 1 - min_node_misses(reqs, ncost, devices, topo.degrees) / len(reqs)
+    alone = sorted(ncost.standalone(r, max(topo.degrees)) for r in reqs)
+    floor = alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
+    return {"bound_attainment": bound, "p95_floor_s": floor}
+
+
+def targets(rows: dict, lim: dict) -> list[tuple[str, bool, str]]:
+    """The main job's targets, checked on the measured rows."""
+    slo, fifo = rows["slo"], rows["fifo"]
+    att_bar = min(0.99, lim["bound_attainment"] - 0.005)
+    p95_bar = max(0.5 * fifo["p95_s"], 1.2 * lim["p95_floor_s"])
+    return [
+        ("slo attainment >= 99 % (or bound - 0.5 pt)", slo["slo_attainment"] >= att_bar,
+         f"{100 * slo['slo_attainment']:.1f} % vs bar {100 * att_bar:.1f} %"),
+        ("slo P95 <= 0.5 x fifo's (or 1.2 x floor)", slo["p95_s"] <= p95_bar,
+         f"{slo['p95_s']:.2f} s vs bar {p95_bar:.2f} s"),
+        ("slo P99 <= fifo's", slo["p99_s"] <= fifo["p99_s"],
+         f"{slo['p99_s']:.2f} s vs {fifo['p99_s']:.2f} s"),
+    ]
+
+
+def main(args) -> int:
+    import os
+
+    from ditmem.parallel.node import NodeEngine
+    from ditmem.scheduler import CostModel
+
+    if args.devices > (os.cpu_count() or 1):
+        print(f"ditmem demo: --devices {args.devices} exceeds the {os.cpu_count()} cores",
+              file=sys.stderr)
+        return 2
+    if "wan" in args.model.lower():
+        print("ditmem demo: --devices > 1 runs Qwen-Image models only", file=sys.stderr)
+        return 2
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if sorted(names) != ["fifo", "slo"]:
+        print("ditmem demo --devices: --policies must be fifo,slo", file=sys.stderr)
+        return 2
+    log = print
+    started = time.perf_counter()
+    page = args.page_kb * 1024
+    pages = max(64, int(args.pool_mb * 2**20) // page)
+    with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
+                    host_pages=4 * pages, model_kwargs={"dtype": args.dtype}) as node:
+        profile = _profile(args, node, log)
+        cost = CostModel.from_dict(profile)
+        trace = build_trace(args, cost, args.devices)
+        lim = limits(trace, cost, args.devices)
+        log(f"trace: {len(trace)} requests, rho {args.load} per device on {args.devices} "
+            f"devices, spans {trace[-1].arrival:.0f} s")
+        progress = _Progress(not args.no_progress)
+        rows = {}
+        for name in ("fifo", "slo"):
+            rows[name] = run_policy(node, name, trace, cost, args.devices, progress)
+            sim = predict(name, trace, cost, args.devices, args.seed)
+            rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
+                              sim_p99_s=sim["p99_s"])
+    total = time.perf_counter() - started
+    print(f"\n{'policy':<6} {'att %':>6} {'P50 s':>7} {'P95 s':>7} {'P99 s':>7} "
+          f"{'sim att %':>9} {'sim P95':>8} {'steps d1/d2':>11} {'moves':>6} {'wall s':>7}")
+    for name, r in rows.items():
+        steps = r["steps_by_degree"]
+        print(f"{name:<6} {100 * r['slo_attainment']:6.1f} {r['p50_s']:7.2f} {r['p95_s']:7.2f} "
+              f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
+              f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
+              f"{r['wall_s']:7.0f}")
+    print(f"trace limits: offline bound {100 * lim['bound_attainment']:.1f} % attainment; "
+          f"P95 floor {lim['p95_floor_s']:.2f} s (alone at degree {args.devices})")
+    for what, ok, detail in targets(rows, lim):
+        print(f"  [{'met' if ok else 'MISSED'}] {what}: {detail}")
+    for name, r in rows.items():
+        for e in r["errors"]:
+            print(f"  {name} error: {e}")
+    print(f"total {total:.0f} s")
+    if args.json:
+        meta = {"command": "demo --devices", "devices": args.devices, "model": args.model,
+                "workload": args.workload, "load": args.load, "requests": len(trace),
+                "seed": args.seed, "divisor": args.divisor, "total_wall_s": total, **lim}
+        with open(args.json, "w") as f:
+            json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
+        print(f"json: {args.json}")
+    return 0
