@@ -36,7 +36,7 @@ class DeployOptions:
     stats_period_s: float = 0.5
     post_period_s: float = 0.5
     accept_timeout_s: float = 60.0
-    reroutes: int = 1
+    reroutes: int = 2
     health_check_period_s: float = 2.0
     autoscaling: dict | None = None
 
