@@ -5,37 +5,45 @@ call the same functions. Times are seconds on one clock (the router's); work is 
 device time by the cost model (a replica running alone); memory is pages.
 
 A replica reports a :class:`ReplicaLoad` now and then (Ray: ``record_routing_stats``, every
-``request_routing_stats_period_s``). Between two reports the router keeps what it has sent
-each replica (:class:`RoutingBook`), and :func:`estimate` ages the last report: the replica
-has worked ``now - reported_at`` seconds since, highest priority first, and has also
-received everything routed to it after the report.
+``request_routing_stats_period_s``): its backlog by priority and earliest slack per
+priority (for people: ``/metrics``), free pages, its measured speed, and its work *by
+deadline* (``due``: each live request's deadline and remaining seconds, earliest first),
+which is what the rule reads, because the ``slo`` step policy runs on-time requests
+earliest deadline first. Between two reports the router keeps what it has sent each
+replica (:class:`RoutingBook`), and :func:`estimate` ages the last report: the replica has
+worked ``now - reported_at`` seconds since, earliest deadline first, and has also received
+everything routed to it after the report.
 
-The ditmem rule (:func:`rank_replicas`) places a request of priority ``p`` and ``w``
-seconds of work (``w * speed`` on a replica whose cost model measured it ``speed`` times
-slower than the profile) on replica ``r`` as the replica's step policy would run it: behind
-the work of priorities ``<= p``, ahead of lower priorities. It ranks the replicas in three
-tiers:
+The ditmem rule (:func:`rank_replicas`) places a request of ``w`` seconds of work
+(``w * speed`` on a replica whose cost model measured it ``speed`` times slower than the
+profile) on replica ``r`` as that policy would run it: behind the work due before its
+deadline, ahead of the work due after. It ranks the replicas in three tiers:
 
-0. the request meets its deadline there and no lower-priority class whose earliest
-   request still meets its own deadline is pushed past it (its slack stays >= 0);
-1. the request meets its deadline, but pushes some other request past its own;
+0. the request meets its deadline there and no request due after it that still meets its
+   own deadline is pushed past it;
+1. the request meets its deadline, but pushes others past theirs;
 2. the request misses its deadline there.
 
-Within tier 0 the replica with the least total work after placement wins (the request
-delays the least work behind it and the cluster's load stays even); within tier 1 the one
-with the least lateness inflicted on others; within tier 2 again the least total work: a
-request that misses everywhere joins its replica's late lane (the ``slo`` policy runs late
-requests after on-time work), so it finishes about when that replica's whole backlog has
-run. Ties go to the replica with more free pages, then to the lower index.
+Within tier 0 the replica where the request finishes first wins (then the least total
+work); within tier 1 the one with the least lateness inflicted on others (weighted by their
+priority, 3:2:1); within tier 2 the least total work: a request that misses everywhere
+joins its replica's late lane (the ``slo`` policy runs late requests after on-time work),
+so it finishes about when that replica's whole backlog has run. Ties go to the replica with
+less total work, then more free pages, then the lower index.
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PRIORITIES = (0, 1, 2)
+#: Harm weight of each priority class (as ``PRIORITY_WEIGHTS`` of the scheduler).
+WEIGHTS = {0: 3.0, 1: 2.0, 2: 1.0}
+#: Most ``due`` entries a report carries; later ones merge into one (module docstring).
+MAX_DUE = 64
 
 
 @dataclass(slots=True)
@@ -44,14 +52,18 @@ class ReplicaLoad:
 
     ``backlog_s[p]``: seconds of work left in its priority-``p`` requests (queued and
     started); ``slack_s[p]``: the least slack among its priority-``p`` requests (deadline
-    minus the time the request would finish if the replica ran its backlog in priority
-    order, seconds; None when it has none of that priority); ``free_pages`` / ``total_pages``:
-    its device page pool; ``ongoing``: requests it holds (queued + started); ``speed``: its
-    measured / predicted time factor (the cost model's correction): a request priced at
-    ``w`` seconds adds ``w * speed`` to its backlog; ``devices``: devices it runs requests
-    on (a node reports backlog in device-seconds / devices, and ``speed`` includes the
-    1 / devices). A request alone takes at least what it takes on one of its devices,
-    ``w * speed * devices``: the rule never assumes a request gets the whole node."""
+    minus the time the request would finish if the replica ran its backlog earliest
+    deadline first, seconds; None when it has none of that priority); ``free_pages`` /
+    ``total_pages``: its device page pool; ``ongoing``: requests it holds (queued +
+    started); ``speed``: its measured / predicted time factor (the cost model's
+    correction): a request priced at ``w`` seconds adds ``w * speed`` to its backlog;
+    ``devices``: devices it runs requests on (a node reports backlog in device-seconds /
+    devices, and ``speed`` includes the 1 / devices). A request alone takes at least what
+    it takes on one of its devices, ``w * speed * devices``: the rule never assumes a
+    request gets the whole node. ``due``: ``(deadline, remaining_s, priority)`` of each
+    live request, earliest deadline first, at most :data:`MAX_DUE` (the rest merged into
+    one entry at the earliest of their deadlines, holding all their work: never less
+    urgent than they are)."""
 
     replica: str
     backlog_s: tuple[float, float, float]
@@ -62,6 +74,7 @@ class ReplicaLoad:
     reported_at: float
     speed: float = 1.0
     devices: int = 1
+    due: tuple[tuple[float, float, int], ...] = ()
 
     @property
     def earliest_slack_s(self) -> float | None:
@@ -74,7 +87,7 @@ class ReplicaLoad:
                 "slack_s": list(self.slack_s), "free_pages": self.free_pages,
                 "total_pages": self.total_pages, "ongoing": self.ongoing,
                 "reported_at": self.reported_at, "speed": self.speed,
-                "devices": self.devices}
+                "devices": self.devices, "due": [list(d) for d in self.due]}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplicaLoad:
@@ -87,7 +100,9 @@ class ReplicaLoad:
                        total_pages=int(data["total_pages"]), ongoing=int(data["ongoing"]),
                        reported_at=float(data["reported_at"]),
                        speed=float(data.get("speed", 1.0)),
-                       devices=int(data.get("devices", 1)))
+                       devices=int(data.get("devices", 1)),
+                       due=tuple((float(d), float(w), int(p))
+                                 for d, w, p in data.get("due", ())))
         except KeyError as exc:
             raise ValueError(f"routing stats: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -156,11 +171,11 @@ class RoutingBook:
 
 @dataclass(slots=True)
 class Estimate:
-    """A replica's load now: the report aged by the time since and plus what was sent."""
+    """A replica's load now: the report aged by the time since and plus what was sent.
+    ``due``: ``[deadline, remaining_s, priority]`` earliest deadline first."""
 
     replica: str
-    backlog_s: list[float]
-    slack_s: list[float | None]
+    due: list[list]
     free_pages: int
     ongoing: int
     speed: float = 1.0
@@ -168,47 +183,35 @@ class Estimate:
 
     @property
     def total_s(self) -> float:
-        return sum(self.backlog_s)
+        return sum(item[1] for item in self.due)
 
 
 def estimate(load: ReplicaLoad, sent: Sequence[Sent], now: float) -> Estimate:
-    """``load`` as of ``now``: the requests in ``sent`` (routed after the report) join it
-    in priority order, and the ``now - reported_at`` seconds the replica has worked since
-    come off its backlog, highest priority first."""
-    backlog = list(load.backlog_s)
-    slack = list(load.slack_s)
+    """``load`` as of ``now``: the requests in ``sent`` (routed after the report) join it,
+    and the replica's work since the report comes off it, earliest deadline first."""
+    due = [list(item) for item in load.due]
     free, ongoing = load.free_pages, load.ongoing
     clock = load.reported_at
     for entry in sorted(sent, key=lambda s: s.sent_at):
-        _work(backlog, entry.sent_at - clock)
+        _work(due, entry.sent_at - clock)
         clock = max(clock, entry.sent_at)
-        _place(backlog, slack, entry.request, entry.sent_at, load.speed, load.devices)
-        free -= entry.request.pages
+        req = entry.request
+        bisect.insort(due, [req.deadline, req.work_s * load.speed, req.priority])
+        free -= req.pages
         ongoing += 1
-    _work(backlog, now - clock)
-    return Estimate(load.replica, backlog, slack, free, ongoing, load.speed, load.devices)
+    _work(due, now - clock)
+    return Estimate(load.replica, due, free, ongoing, load.speed, load.devices)
 
 
-def _work(backlog: list[float], seconds: float) -> None:
-    """The replica ran ``seconds``: its backlog shrinks, highest priority first."""
+def _work(due: list[list], seconds: float) -> None:
+    """The replica ran ``seconds``: its work shrinks, earliest deadline first."""
     seconds = max(0.0, seconds)
-    for p in PRIORITIES:
-        done = min(backlog[p], seconds)
-        backlog[p] -= done
+    while due and seconds > 0:
+        done = min(due[0][1], seconds)
+        due[0][1] -= done
         seconds -= done
-
-
-def _place(backlog: list[float], slack: list[float | None], req: RouteRequest,
-           at: float, speed: float, devices: int) -> None:
-    """Add ``req`` to a replica's backlog: lower priorities now wait its work longer."""
-    work = req.work_s * speed
-    own = req.deadline - at - sum(backlog[: req.priority + 1]) - work * devices
-    backlog[req.priority] += work
-    current = slack[req.priority]
-    slack[req.priority] = own if current is None else min(current, own)
-    for q in range(req.priority + 1, len(PRIORITIES)):
-        if slack[q] is not None:
-            slack[q] -= work
+        if due[0][1] <= 0:
+            due.pop(0)
 
 
 @dataclass(slots=True)
@@ -219,6 +222,7 @@ class Score:
     tier: int
     key: float
     finish: float
+    total_s: float
     free_pages: int
 
 
@@ -226,22 +230,25 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     """Tier and in-tier key of placing ``req`` on the replica ``est`` describes."""
     work = req.work_s * est.speed
     alone = work * est.devices
-    ahead = sum(est.backlog_s[: req.priority + 1])
+    ahead = sum(w for d, w, _ in est.due if d <= req.deadline)
+    total = est.total_s + work
     finish = now + ahead + alone
     # A request that needs more pages than are free waits for some to come free: at worst
     # until the replica's whole backlog ran.
     if est.free_pages < req.pages:
         finish = max(finish, now + est.total_s + alone)
     if finish > req.deadline:
-        return Score(est.replica, 2, est.total_s + work, finish, est.free_pages)
-    inflicted = 0.0
-    for q in range(req.priority + 1, len(PRIORITIES)):
-        s = est.slack_s[q]
-        if s is not None and s >= 0 and s - work < 0:
-            inflicted += work - s
+        return Score(est.replica, 2, total, finish, total, est.free_pages)
+    inflicted, clock = 0.0, now + ahead
+    for deadline, w, priority in est.due:
+        if deadline <= req.deadline:
+            continue
+        clock += w
+        if clock <= deadline < clock + work:  # on time before, late after
+            inflicted += WEIGHTS.get(priority, 1.0) * (clock + work - deadline)
     if inflicted > 0:
-        return Score(est.replica, 1, inflicted, finish, est.free_pages)
-    return Score(est.replica, 0, est.total_s + work, finish, est.free_pages)
+        return Score(est.replica, 1, inflicted, finish, total, est.free_pages)
+    return Score(est.replica, 0, finish, finish, total, est.free_pages)
 
 
 def rank_replicas(req: RouteRequest, loads: Sequence[ReplicaLoad], book: RoutingBook,
@@ -250,7 +257,8 @@ def rank_replicas(req: RouteRequest, loads: Sequence[ReplicaLoad], book: Routing
     scores = [score(req, estimate(load, book.since(load.replica, load.reported_at), now), now)
               for load in loads]
     order = sorted(range(len(scores)),
-                   key=lambda i: (scores[i].tier, scores[i].key, -scores[i].free_pages, i))
+                   key=lambda i: (scores[i].tier, scores[i].key, scores[i].total_s,
+                                  -scores[i].free_pages, i))
     return [scores[i] for i in order]
 
 
@@ -328,19 +336,26 @@ def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages:
             total_pages: int, now: float, speed: float = 1.0,
             devices: int = 1) -> ReplicaLoad:
     """A replica's report from its live requests, each ``(priority, deadline,
-    remaining_s)``: backlog by priority, and each class's least slack when the backlog runs
-    in priority order, earliest deadline first within a class."""
+    remaining_s)``: backlog by priority; each class's least slack when the backlog runs
+    earliest deadline first (deadline minus that finish); ``due`` (module docstring)."""
     backlog = [0.0, 0.0, 0.0]
     slack: list[float | None] = [None, None, None]
-    clock = now
-    for priority, deadline, remaining in sorted(items, key=lambda it: (it[0], it[1])):
+    for priority, _, _ in items:
         if priority not in PRIORITIES:
             raise ValueError(f"items: priority 0, 1 or 2, got {priority!r}")
+    ordered = sorted(items, key=lambda it: (it[1], it[0]))
+    clock = now
+    for priority, deadline, remaining in ordered:
         backlog[priority] += remaining
         clock += remaining
         s = deadline - clock
         current = slack[priority]
         slack[priority] = s if current is None else min(current, s)
+    due = [(deadline, remaining, priority) for priority, deadline, remaining in ordered]
+    if len(due) > MAX_DUE:
+        rest = due[MAX_DUE - 1:]
+        due = due[: MAX_DUE - 1] + [(rest[0][0], sum(w for _, w, _ in rest),
+                                     min(p for _, _, p in rest))]
     return ReplicaLoad(replica, (backlog[0], backlog[1], backlog[2]),
                        (slack[0], slack[1], slack[2]), free_pages, total_pages, len(items),
-                       now, speed, devices)
+                       now, speed, devices, tuple(due))

@@ -3,6 +3,7 @@
 import pytest
 
 from ditmem.scheduler.routing import (
+    MAX_DUE,
     PowerOfTwo,
     ReplicaLoad,
     RoundRobin,
@@ -16,74 +17,89 @@ from ditmem.scheduler.routing import (
 )
 
 
-def load(name, backlog=(0.0, 0.0, 0.0), slack=(None, None, None), free=100, ongoing=0, at=0.0):
-    return ReplicaLoad(name, tuple(backlog), tuple(slack), free, 100, ongoing, at)
+def load(name, items=(), free=100, at=0.0, speed=1.0, devices=1):
+    """A report of live requests ``(priority, deadline, remaining_s)`` at ``at``."""
+    return load_of(name, list(items), free, 100, at, speed, devices)
 
 
 def req(work, deadline, priority=1, pages=1, rid="r"):
     return RouteRequest(rid, work, pages, priority, deadline)
 
 
-def test_estimate_ages_the_report_highest_priority_first():
-    est = estimate(load("a", backlog=(2.0, 3.0, 5.0), at=10.0), [], now=14.0)
-    assert est.backlog_s == [0.0, 1.0, 5.0]
+def test_estimate_ages_the_report_earliest_deadline_first():
+    rep = load("a", [(0, 50.0, 2.0), (2, 20.0, 3.0), (1, 90.0, 5.0)], at=10.0)
+    est = estimate(rep, [], now=14.0)
+    # deadline order 20 (3 s), 50 (2 s), 90 (5 s): 4 s of work take the first and 1 s of
+    # the second
+    assert est.due == [[50.0, 1.0, 0], [90.0, 5.0, 1]]
+    assert est.total_s == 6.0
 
 
 def test_estimate_adds_what_was_sent_after_the_report_and_drops_older():
     book = RoutingBook()
     book.record("a", req(4.0, 100.0, priority=2, pages=7), now=1.0)   # before the report
-    book.record("a", req(3.0, 100.0, priority=0, pages=5), now=6.0)   # after it
+    book.record("a", req(3.0, 30.0, priority=0, pages=5), now=6.0)    # after it
     sent = book.since("a", reported_at=5.0)
     assert [s.request.work_s for s in sent] == [3.0]
-    est = estimate(load("a", backlog=(0.0, 2.0, 0.0), at=5.0, free=20, ongoing=1), sent,
-                   now=7.0)
-    # 5 -> 6: one second of the priority-1 work; then 3 s of priority 0 arrive; 6 -> 7: one
-    # second of those.
-    assert est.backlog_s == [2.0, 1.0, 0.0]
+    est = estimate(load("a", [(1, 60.0, 2.0)], at=5.0, free=20), sent, now=7.0)
+    # 5 -> 6: one second of the deadline-60 work; 3 s due at 30 arrive; 6 -> 7: one
+    # second of those (earlier deadline)
+    assert est.due == [[30.0, 2.0, 0], [60.0, 1.0, 1]]
     assert est.free_pages == 15 and est.ongoing == 2
     assert book.since("a", reported_at=6.5) == []
 
 
-def test_short_backlog_wins_when_every_replica_meets_the_deadline():
-    loads = [load("a", backlog=(0.0, 10.0, 0.0)), load("b", backlog=(0.0, 2.0, 0.0))]
+def test_the_earliest_finish_wins_when_every_replica_meets_the_deadline():
+    loads = [load("a", [(1, 50.0, 10.0)]), load("b", [(1, 50.0, 2.0)])]
     ranked = rank_replicas(req(1.0, 100.0), loads, RoutingBook(), now=0.0)
-    assert [s.replica for s in ranked] == ["b", "a"]
-    assert [s.tier for s in ranked] == [0, 0]
+    assert [(s.replica, s.tier, s.finish) for s in ranked] == [("b", 0, 3.0), ("a", 0, 11.0)]
 
 
-def test_deadline_beats_backlog_size():
-    # a: 10 s of low-priority work (slack 5 s), nothing at priority 1 -> a priority-1
-    # request of 1 s finishes at 1.0 there; b: 2 s of priority-1 work -> finishes at 3.0.
-    loads = [load("a", backlog=(0.0, 0.0, 10.0), slack=(None, None, 5.0)),
-             load("b", backlog=(0.0, 2.0, 0.0), slack=(None, 4.0, None))]
+def test_work_due_later_does_not_count_as_ahead():
+    # a holds 10 s due at 60 (it has slack 50): a 1 s request due at 2.5 runs first there
+    # (finish 1.0) and the 10 s one still finishes at 11 <= 60; b holds 2 s due at 2.2,
+    # which runs first: the request finishes at 3.0 > 2.5, though b has less work.
+    loads = [load("a", [(2, 60.0, 10.0)]), load("b", [(1, 2.2, 2.0)])]
     ranked = rank_replicas(req(1.0, deadline=2.5), loads, RoutingBook(), now=0.0)
     assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
-    assert ranked[0].finish == pytest.approx(1.0)
-    assert ranked[1].finish == pytest.approx(3.0)
+    assert [s.finish for s in ranked] == pytest.approx([1.0, 3.0])
+
+
+def test_a_tie_on_finish_goes_to_the_replica_with_less_work():
+    loads = [load("a", [(1, 60.0, 10.0)]), load("b", [(1, 60.0, 3.0)])]
+    ranked = rank_replicas(req(1.0, deadline=5.0), loads, RoutingBook(), now=0.0)
+    assert [s.replica for s in ranked] == ["b", "a"]
+    assert ranked[0].finish == ranked[1].finish == 1.0
 
 
 def test_pushing_another_request_past_its_deadline_ranks_below_a_clean_placement():
-    # On a, the new high-priority request jumps a priority-2 request with 0.5 s of slack
-    # (it would miss by 0.5 s); on b it meets and hurts no one, though b is busier.
-    loads = [load("a", backlog=(0.0, 0.0, 1.0), slack=(None, None, 0.5)),
-             load("b", backlog=(2.0, 0.0, 0.0), slack=(30.0, None, None))]
-    ranked = rank_replicas(req(1.0, deadline=10.0, priority=0), loads, RoutingBook(), 0.0)
+    # a: the new request (due 5) runs first (finish 1), then a priority-2 request of 5 s
+    # due at 5.5 ends at 6 instead of 5: late by 0.5 (weight 1). b: it waits 2 s behind
+    # work due at 3 and finishes at 3 <= 5, hurting no one.
+    loads = [load("a", [(2, 5.5, 5.0)]), load("b", [(0, 3.0, 2.0)])]
+    ranked = rank_replicas(req(1.0, deadline=5.0, priority=0), loads, RoutingBook(), 0.0)
     assert [(s.replica, s.tier) for s in ranked] == [("b", 0), ("a", 1)]
     assert ranked[1].key == pytest.approx(0.5)
 
 
-def test_a_lower_class_already_late_is_not_counted_as_harm():
-    loads = [load("a", backlog=(0.0, 0.0, 1.0), slack=(None, None, -3.0)),
-             load("b", backlog=(0.0, 5.0, 0.0))]
-    ranked = rank_replicas(req(1.0, deadline=10.0, priority=0), loads, RoutingBook(), 0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 0)]
+def test_harm_is_weighted_by_the_priority_of_who_is_hurt():
+    loads = [load("a", [(0, 5.5, 5.0)]), load("b", [(2, 5.5, 5.0)])]
+    ranked = rank_replicas(req(1.0, deadline=2.0), loads, RoutingBook(), 0.0)
+    assert [(s.replica, s.tier, s.key) for s in ranked] == [("b", 1, 0.5), ("a", 1, 1.5)]
+
+
+def test_a_request_already_late_is_not_counted_as_harm():
+    loads = [load("a", [(2, 3.0, 5.0)]), load("b", [(1, 0.5, 5.0)])]
+    ranked = rank_replicas(req(1.0, deadline=2.0, priority=0), loads, RoutingBook(), 0.0)
+    # a: the 5 s request due at 3 ends at 5 anyway (late before and after): tier 0
+    assert ranked[0].replica == "a" and ranked[0].tier == 0
 
 
 def test_when_every_replica_misses_the_least_total_work_wins():
     # A late request waits behind its replica's on-time work (the slo policy's late lane):
-    # b has the least work of all priorities (6 s), though c has the least at priority <= 1.
-    loads = [load("a", backlog=(0.0, 9.0, 0.0)), load("b", backlog=(0.0, 3.0, 3.0)),
-             load("c", backlog=(0.0, 2.0, 5.0))]
+    # b has the least work in all (6 s) though c has the least due before the deadline.
+    loads = [load("a", [(1, 1.0, 9.0)]), load("b", [(1, 1.0, 3.0), (2, 90.0, 3.0)]),
+             load("c", [(1, 1.0, 2.0), (2, 90.0, 5.0)])]
     ranked = rank_replicas(req(1.0, deadline=2.0), loads, RoutingBook(), now=0.0)
     assert [s.replica for s in ranked] == ["b", "c", "a"]
     assert {s.tier for s in ranked} == {2}
@@ -91,12 +107,39 @@ def test_when_every_replica_misses_the_least_total_work_wins():
 
 
 def test_missing_pages_mean_waiting_for_the_whole_backlog():
-    # a has little priority-1 work but too few free pages: the request waits for its whole
+    # a has little urgent work but too few free pages: the request waits for its whole
     # backlog (1 + 8 s) -> finish 10 > deadline; b has room and finishes at 5.
-    loads = [load("a", backlog=(0.0, 1.0, 8.0), free=2), load("b", backlog=(0.0, 4.0, 0.0))]
+    loads = [load("a", [(1, 3.0, 1.0), (2, 90.0, 8.0)], free=2), load("b", [(1, 5.0, 4.0)])]
     ranked = rank_replicas(req(1.0, deadline=6.0, pages=10), loads, RoutingBook(), 0.0)
     assert [(s.replica, s.tier) for s in ranked] == [("b", 0), ("a", 2)]
     assert ranked[1].finish == pytest.approx(10.0)
+
+
+def test_a_slower_replica_counts_the_request_longer():
+    # b reports less work but runs 3x slower than the profile: the 2 s request takes 6 s
+    # there and finishes at 1 + 6 = 7, past the 6.5 s deadline; on a at 4 + 2 = 6.
+    loads = [load("a", [(1, 5.0, 4.0)]), load("b", [(1, 5.0, 1.0)], speed=3.0)]
+    ranked = rank_replicas(req(2.0, deadline=6.5), loads, RoutingBook(), now=0.0)
+    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
+    assert ranked[1].finish == pytest.approx(7.0)
+
+
+def test_on_a_node_a_request_alone_still_takes_its_one_device_time():
+    # An idle 8-device node drains 8 device-seconds a second (speed 1/8), but one 8 s
+    # request alone is not 8 x faster: it finishes at 8 s at best, past a 5 s deadline.
+    # All three miss, so the least total work after placement ranks first (node 1 s,
+    # busy 2 + 1 s, one 1 + 8 s).
+    node = load("node", speed=1 / 8, devices=8)
+    busy = load("busy", [(1, 1.0, 2.0)], speed=1 / 8, devices=8)
+    one = load("one", [(1, 1.0, 1.0)])
+    ranked = rank_replicas(req(8.0, deadline=5.0), [one, node, busy], RoutingBook(), 0.0)
+    assert {s.replica: s.finish for s in ranked} == \
+        pytest.approx({"node": 8.0, "one": 9.0, "busy": 10.0})
+    assert [s.replica for s in ranked] == ["node", "busy", "one"]
+    # It adds its 8 device-seconds (1 s of the node) to the work others wait behind.
+    book = RoutingBook()
+    book.record("node", req(8.0, deadline=50.0), now=0.0)
+    assert estimate(node, book.since("node", 0.0), now=0.0).total_s == 1.0
 
 
 def test_what_the_router_sent_since_the_last_report_counts():
@@ -105,42 +148,12 @@ def test_what_the_router_sent_since_the_last_report_counts():
     book = RoutingBook()
     picks = [choose_ditmem(req(w, 100.0, rid=str(i)), loads, book, now=0.0)
              for i, w in enumerate([8.0, 1.0, 1.0, 1.0, 6.0])]
-    # a: 8; b: 1, 2, 3, then the 6 s request: a would hold 14, b 9.
+    # a: 8 s; b: 1, 2, 3 s, then the 6 s request finishes at 14 on a, 9 on b.
     assert picks == ["a", "b", "b", "b", "b"]
 
 
-def test_a_slower_replica_counts_the_request_longer():
-    # b reports less backlog but runs 3x slower than the profile: the 2 s request takes
-    # 6 s there and finishes at 1 + 6 = 7, past the 6.5 s deadline; on a at 4 + 2 = 6.
-    loads = [load("a", backlog=(0.0, 4.0, 0.0)),
-             ReplicaLoad("b", (0.0, 1.0, 0.0), (None, None, None), 100, 100, 1, 0.0, 3.0)]
-    ranked = rank_replicas(req(2.0, deadline=6.5), loads, RoutingBook(), now=0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
-    assert ranked[1].finish == pytest.approx(7.0)
-
-
-def test_on_a_node_a_request_alone_still_takes_its_one_device_time():
-    # An idle 8-device node drains 8 device-seconds per second (speed 1/8), but one 8 s
-    # request alone is not 8 x faster: it finishes at 8 s at best, past a 5 s deadline;
-    # the single device with 1 s of backlog finishes it at 9 s. Behind 16 device-seconds
-    # of others' work on the node (2 s), it is queued 2 s, then runs 8 s.
-    node = ReplicaLoad("node", (0.0, 0.0, 0.0), (None,) * 3, 100, 100, 0, 0.0, 1 / 8, 8)
-    busy = ReplicaLoad("busy", (0.0, 2.0, 0.0), (None,) * 3, 100, 100, 2, 0.0, 1 / 8, 8)
-    one = load("one", backlog=(0.0, 1.0, 0.0))
-    ranked = rank_replicas(req(8.0, deadline=5.0), [one, node, busy], RoutingBook(), 0.0)
-    assert {s.replica: s.finish for s in ranked} == \
-        pytest.approx({"node": 8.0, "one": 9.0, "busy": 10.0})
-    # All three miss: the least total work after placement ranks first (node 1 s, busy
-    # 2 + 1 s, one 1 + 8 s).
-    assert [s.replica for s in ranked] == ["node", "busy", "one"]
-    # It adds its 8 device-seconds (1 s of the node) to the backlog others wait behind.
-    book = RoutingBook()
-    book.record("node", req(8.0, deadline=50.0), now=0.0)
-    assert estimate(node, book.since("node", 0.0), now=0.0).backlog_s == [0.0, 1.0, 0.0]
-
-
 def test_round_robin_ignores_load():
-    loads = [load("a", backlog=(0.0, 50.0, 0.0)), load("b"), load("c")]
+    loads = [load("a", [(1, 60.0, 50.0)]), load("b"), load("c")]
     rr, book = RoundRobin(), RoutingBook()
     assert [rr.choose(req(1.0, 9.0), loads, book, 0.0) for _ in range(5)] == \
         ["a", "b", "c", "a", "b"]
@@ -148,8 +161,8 @@ def test_round_robin_ignores_load():
 
 def test_power_of_two_counts_requests_not_seconds():
     # Two replicas: both are always sampled; a holds one huge request, b three small ones.
-    loads = [load("a", backlog=(0.0, 100.0, 0.0), ongoing=1),
-             load("b", backlog=(0.0, 3.0, 0.0), ongoing=3)]
+    loads = [load("a", [(1, 900.0, 100.0)]),
+             load("b", [(1, 9.0, 1.0), (1, 9.0, 1.0), (1, 9.0, 1.0)])]
     p2, book = PowerOfTwo(seed=1), RoutingBook()
     assert p2.choose(req(1.0, 9.0), loads, book, 0.0) == "a"
     assert p2.choose(req(1.0, 9.0), loads, book, 0.0) == "a"
@@ -159,16 +172,25 @@ def test_power_of_two_counts_requests_not_seconds():
     assert {third, fourth} == {"a", "b"}
 
 
-def test_load_of_runs_the_backlog_in_priority_then_deadline_order():
-    # (priority, deadline, remaining) run as: p0 (deadline 5) ends 11, p1 (deadline 12)
-    # ends 13, p1 (deadline 20) ends 14, p2 (deadline 40) ends 18.
+def test_load_of_orders_the_backlog_by_deadline():
+    # (priority, deadline, remaining) run as: deadline 5 (p0) ends 11, 12 (p1) ends 13,
+    # 20 (p1) ends 14, 40 (p2) ends 18.
     items = [(1, 20.0, 1.0), (0, 5.0, 1.0), (2, 40.0, 4.0), (1, 12.0, 2.0)]
     rep = load_of("a", items, free_pages=7, total_pages=9, now=10.0)
     assert rep.backlog_s == (1.0, 3.0, 4.0)
     assert rep.slack_s == (-6.0, -1.0, 22.0)
     assert rep.earliest_slack_s == -6.0
+    assert rep.due == ((5.0, 1.0, 0), (12.0, 2.0, 1), (20.0, 1.0, 1), (40.0, 4.0, 2))
     assert (rep.free_pages, rep.total_pages, rep.ongoing, rep.reported_at) == (7, 9, 4, 10.0)
     assert ReplicaLoad.from_dict(rep.as_dict()) == rep
+
+
+def test_a_long_backlog_is_reported_in_bounded_size_never_less_urgent():
+    items = [(1, float(d), 1.0) for d in range(1, MAX_DUE + 11)]
+    rep = load_of("a", items, 1, 1, 0.0)
+    assert len(rep.due) == MAX_DUE
+    assert rep.due[-1] == (float(MAX_DUE), 11.0, 1)   # the last 11, due at the earliest
+    assert sum(w for _, w, _ in rep.due) == len(items)
 
 
 def test_bad_input_is_named():
