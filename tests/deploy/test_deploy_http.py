@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("ray", reason="ray[serve] is not installed (pip install -e '.[ray]')")
 pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install -e '.[ray]')")
 
-from harness import metric, png, ray_app  # noqa: E402
+from ray_harness import metric, png, ray_app  # noqa: E402
 
 from ditmem.engine.factory import EngineConfig  # noqa: E402
 from ditmem.models.request import GenerationRequest  # noqa: E402
