@@ -65,10 +65,12 @@ class DropHost:
 
 @dataclass(slots=True)
 class Decode:
-    """VAE-decode ``request_id`` (held at degree 1 here); the image comes back in a
-    shared-memory segment (``SharedImage``)."""
+    """VAE-decode ``request_id`` (held at degree 1 here), tile by tile when ``tile`` is
+    ``(tile_px, stride_px)`` and the model can (the VAE's own tiled decode), else whole; the
+    image comes back in a shared-memory segment (``SharedImage``)."""
 
     request_id: str
+    tile: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)

@@ -11,8 +11,8 @@ the group's devices). ``wait`` hands completions back in wall time since the sta
 same loop that drives the simulator's virtual devices replays a trace in real time.
 
 A job that fails (a lost device, a pool without room) still completes, so the loop never
-waits forever; its error is recorded in :attr:`EngineDevices.errors` and its requests in
-:attr:`EngineDevices.failed`.
+waits forever; its error is recorded in :attr:`EngineDevices.errors`, its requests in
+:attr:`EngineDevices.failed`, and their pages are released.
 """
 
 from __future__ import annotations
@@ -54,12 +54,16 @@ class EngineDevices:
     """``NodeDevices`` on a ``NodeEngine`` (see module docstring).
 
     to_generation: scheduler ``Request`` -> ``GenerationRequest`` (its ``request_id`` must
-    be the request's id); keep_outputs: keep every decoded image in :attr:`outputs`.
+    be the request's id); keep_outputs: keep every decoded image in :attr:`outputs`;
+    decode_tile: ``(tile_px, stride_px)`` to decode with the VAE's tiled decode (as the
+    profile's ``decode_tile_*`` prices it), ``None`` for whole decodes.
     """
 
     def __init__(self, node, to_generation: Callable, *, keep_outputs: bool = False,
+                 decode_tile: tuple[int, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
+        self.decode_tile = decode_tile
         self.to_generation = to_generation
         self.keep_outputs = keep_outputs
         self.clock = clock
@@ -98,6 +102,11 @@ class EngineDevices:
             with self._lock:
                 self.errors.append(msg)
                 self.failed.update(r.id for r in job.batch)
+            for r in job.batch:  # a failed request holds no pages (later jobs fail fast)
+                try:
+                    self.node.release(r.id)
+                except Exception as cleanup:  # a lost device: nothing to free there
+                    log.debug("release of %s after a failed job: %s", r.id, cleanup)
         self._done.put(Completion(job, started, self.now(), t))
 
     def _execute(self, job: Job, t: Timings) -> None:
@@ -134,7 +143,7 @@ class EngineDevices:
 
         def decode(request, device: int) -> None:
             node.move(request.id, (device,))
-            image = node.decode(request.id)
+            image = node.decode(request.id, self.decode_tile)
             node.release(request.id)
             if self.keep_outputs:
                 with self._lock:

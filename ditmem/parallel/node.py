@@ -339,13 +339,14 @@ class NodeEngine:
             self.holders[request_id] = new
         return True
 
-    def decode(self, request_id: str) -> np.ndarray:
-        """VAE-decode a finished request (moved to its first device first when sharded)."""
+    def decode(self, request_id: str, tile: tuple[int, int] | None = None) -> np.ndarray:
+        """VAE-decode a finished request (moved to its first device first when sharded);
+        ``tile`` = (tile_px, stride_px): the VAE's tiled decode where the model has one."""
         devices = self._holders(request_id)
         if len(devices) > 1:
             self.move(request_id, devices[:1])
             devices = devices[:1]
-        ref = self._call({devices[0]: cmd.Decode(request_id)})[devices[0]].value
+        ref = self._call({devices[0]: cmd.Decode(request_id, tile)})[devices[0]].value
         segment = shared_memory.SharedMemory(name=ref.name)
         try:
             return np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=segment.buf).copy()

@@ -40,7 +40,7 @@ def _profile(args, node, log) -> dict:
         # batches 1 and 2, 3 repeats: what the node's packed steps need, in ~2 minutes here
         profile = measure_profile(gen, args.model, sides, [1, 2], 3, pool_mb=args.pool_mb,
                                   page_kb=args.page_kb, tool="ditmem demo --devices",
-                                  log=lambda *_: None, decode_tile=None)
+                                  log=lambda *_: None, decode_tile=args.decode_tile)
         del gen
     else:
         from ditmem.scheduler.profiles import load_profile
@@ -93,7 +93,8 @@ class _Progress:
             sys.stdout.write("\n")
 
 
-def run_policy(node, name: str, trace, cost, topo_devices: int, progress) -> dict:
+def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
+               decode_tile=None) -> dict:
     """Replay ``trace`` under ``name`` on the node's real devices."""
     from ditmem.engine.replay import to_generation
     from ditmem.parallel.devices import EngineDevices
@@ -106,13 +107,15 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress) -> dic
     truth = NodeCost(cost)
     topo = Node(topo_devices, truth.links)
     policy = make_node_policy(name, NodeCost(cost), topo)
-    devices = EngineDevices(node, to_generation)
+    devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
     progress.label = name
     t0 = time.perf_counter()
     result = run_node([dataclasses.replace(r) for r in trace], policy, devices, topo, truth,
                       progress=progress)
     wall = time.perf_counter() - t0
     progress.end()
+    for r in trace:  # nothing of this run stays on the node for the next policy
+        node.release(r.id)
     for rec in result.records:  # a request whose job failed is a miss
         if rec.request.id in devices.failed:
             rec.finished = math.inf
@@ -205,7 +208,8 @@ def main(args) -> int:
         progress = _Progress(not args.no_progress)
         rows = {}
         for name in ("fifo", "slo"):
-            rows[name] = run_policy(node, name, trace, cost, args.devices, progress)
+            rows[name] = run_policy(node, name, trace, cost, args.devices, progress,
+                                    args.decode_tile)
             sim = predict(name, trace, cost, args.devices, args.seed)
             rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
                               sim_p99_s=sim["p99_s"])

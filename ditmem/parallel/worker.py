@@ -157,7 +157,16 @@ class DeviceWorker:
         if len(part.devices) != 1:
             raise ValueError(f"decode: {c.request_id} is held at degree {len(part.devices)}; "
                              "move it to one device first")
-        image = np.ascontiguousarray(self.gen.decode(part.state))
+        from ditmem.models.tiled_decode import decode_job, supports_tiled_decode
+
+        if c.tile is not None and supports_tiled_decode(self.gen):
+            job = decode_job(self.gen, part.state, *c.tile)
+            while not job.done:
+                job.run_one()
+            image = job.output()
+        else:
+            image = self.gen.decode(part.state)
+        image = np.ascontiguousarray(image)
         segment = shared_memory.SharedMemory(create=True, size=max(1, image.nbytes))
         np.ndarray(image.shape, image.dtype, buffer=segment.buf)[...] = image
         out = cmd.SharedImage(segment.name, image.shape, str(image.dtype))

@@ -154,7 +154,8 @@ def _node_cost():
 
 def test_scheduler_node_loop_runs_on_real_devices(node):
     """The scheduler's own node loop (run_node) drives the workers through EngineDevices:
-    every request finishes once, with the image an uninterrupted single-device run gives."""
+    every request finishes once (images > 64 px decode in 64-px tiles), with the same
+    image under both policies."""
     from ditmem.engine.replay import to_generation
     from ditmem.parallel.devices import EngineDevices
     from ditmem.scheduler import Request
@@ -170,7 +171,7 @@ def test_scheduler_node_loop_runs_on_real_devices(node):
                             priority=i % 3) for i, (w, h) in enumerate(shapes)]
         truth = node_cost(cost)
         topo = Node(2, truth.links)
-        devices = EngineDevices(node, to_generation, keep_outputs=True)
+        devices = EngineDevices(node, to_generation, keep_outputs=True, decode_tile=(64, 48))
         result = run_node(requests, make_node_policy(policy, node_cost(cost), topo), devices,
                           topo, truth)
         assert not devices.errors, devices.errors
