@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="num_frames of /v1/videos when not given (video models)")
     p.add_argument("--default-fps", type=int, default=16, help="fps of /v1/videos results")
     add_limit_arguments(p)
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
     add_threads_argument(p)
     add_ray_arguments(p)
 
