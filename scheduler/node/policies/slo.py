@@ -76,8 +76,9 @@ class NodeSloPolicy(NodePolicy):
     """See the module docstring. Options: ``window`` (waiting requests looked at),
     ``give_up_power`` (weight exponent of the give-up rule), ``forecast``, ``urgent``
     (fraction of the SLO window), ``longest`` and ``efficiency`` (step 4), ``reserve``
-    (step 5), ``batching`` and ``min_gain`` (step 6), ``spare`` (step 7), ``aging`` (SLO
-    windows past the deadline before a late request goes first)."""
+    (step 5), ``batching``, ``min_gain`` and ``margin`` (step 6: fraction of a member's
+    remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
+    past the deadline before a late request goes first)."""
 
     name = "slo"
 
@@ -97,6 +98,7 @@ class NodeSloPolicy(NodePolicy):
         min_gain: float = 0.1,
         spare: bool = True,
         aging: float = 10.0,
+        margin: float = 0.1,
     ):
         super().__init__(ncost, node)
         self.window = window
@@ -110,6 +112,7 @@ class NodeSloPolicy(NodePolicy):
         self.min_gain = min_gain
         self.spare = spare
         self.aging = aging
+        self.margin = margin
         self._static: dict[str, tuple] = {}
         # Degree 4 (or the node's largest below it) decides whether a request "scales".
         self._k4 = min(2, len(node.degrees) - 1)
@@ -256,14 +259,18 @@ class NodeSloPolicy(NodePolicy):
         if self.longest <= 0:
             return []
         pool = sorted((c for c in ontime if self._scales(c)), key=lambda c: -c.tau[0])
+        crowd = sum(self._scales(c) for c in everyone)  # scaling requests on the node
         pool = pool[: self.longest]  # the largest tier first, by deadline within it
         chosen: list[tuple[_Cand, int, float]] = []
         degrees = self.node.degrees
         for big in pool:
+            cap = self._crowd_degree(big, crowd)
             for k in range(len(degrees) - 1, 0, -1):
                 d = degrees[k]
                 if d <= big.need:
                     break
+                if d > cap:
+                    continue
                 if big.tau[0] / big.tau[k] / d < self.efficiency:
                     continue
                 trial = chosen + [(big, d, big.rem(k))]
@@ -271,6 +278,17 @@ class NodeSloPolicy(NodePolicy):
                     chosen = trial
                     break
         return [(c, d) for c, d, _ in chosen]
+
+    def _crowd_degree(self, big: _Cand, crowd: int) -> int:
+        """The degree that finishes ``crowd`` requests like ``big`` soonest on the node
+        (rounds of D/d at a time × its time at d): many at once run at low degree."""
+        best, best_t = 1, INF
+        for k, d in enumerate(self.node.degrees):
+            rounds = -(-crowd // max(1, self.node.devices // d))
+            t = rounds * big.rem(k)
+            if t < best_t - 1e-9:
+                best, best_t = d, t
+        return best
 
     @staticmethod
     def _fits(now: float, chosen, everyone: list[_Cand]) -> bool:
@@ -329,11 +347,15 @@ class NodeSloPolicy(NodePolicy):
                     continue
                 tokens = [cost.cost.tokens(m.req) for m in members]
                 old = cost.step_time(c.req.model, tokens, 1)
-                grown = cost.step_time(c.req.model, tokens + [cost.cost.tokens(c.req)], 1) - old
-                if grown > (1.0 - self.min_gain) * c.step(0):
+                new = cost.step_time(c.req.model, tokens + [cost.cost.tokens(c.req)], 1)
+                if new - old > (1.0 - self.min_gain) * c.step(0):
                     continue
+                # Every on-time member must still finish in time if the batch stays together,
+                # with a margin for timing error.
                 if any(
-                    not m.late and now + m.rem(0) + grown * m.steps_left > m.req.deadline
+                    not m.late
+                    and now + (new * m.steps_left + m.rem(0) - m.step(0) * m.steps_left)
+                    * (1.0 + self.margin) > m.req.deadline
                     for m in members + [c]
                 ):
                     continue
