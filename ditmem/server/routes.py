@@ -50,9 +50,10 @@ def token_warnings(engine, spec: GenerationSpec, window: int) -> list[str]:
     return out
 
 
-def submit_spec(engine, spec: GenerationSpec, prefix: str, config) -> list:
+def submit_spec(engine, spec: GenerationSpec, prefix: str, config, text_tokens: int = 0) -> list:
     """Submit the ``n`` requests of ``spec`` (seeds ``seed, seed+1, ...``); on a rejected
-    submission, cancel the ones already taken and re-raise. Blocking: run it in a thread."""
+    submission, cancel the ones already taken and re-raise; then warn about prompts longer
+    than ``text_tokens`` (the model's text window). Blocking: run it in a thread."""
     base_seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2**31)
     spec.seed = base_seed
     limit = config.limits.max_request_s or None
@@ -73,14 +74,12 @@ def submit_spec(engine, spec: GenerationSpec, prefix: str, config) -> list:
         for t in tickets:
             engine.cancel(t.request_id)
         raise
-    rules = getattr(config, "rules", None)
-    window = rules.text_tokens if rules is not None else 0
-    spec.warnings += token_warnings(engine, spec, window)
+    spec.warnings += token_warnings(engine, spec, text_tokens)
     return tickets
 
 
-async def submit(engine, spec: GenerationSpec, prefix: str, config) -> list:
-    return await asyncio.to_thread(submit_spec, engine, spec, prefix, config)
+async def submit(engine, spec: GenerationSpec, prefix: str, config, rules) -> list:
+    return await asyncio.to_thread(submit_spec, engine, spec, prefix, config, rules.text_tokens)
 
 
 async def wait_or_cancel(request: Request, engine, tickets: list, poll_s: float):
@@ -145,7 +144,7 @@ def add_generation_routes(app: FastAPI, engine, config) -> None:
         body = validate(ImageRequest, await json_body(request))
         spec = build_spec(body, body.prompt, limits, rules, config.defaults,
                           ignored=list(body.model_extra or {}))
-        tickets = await submit(engine, spec, "img", config)
+        tickets = await submit(engine, spec, "img", config, rules)
         results = await wait_or_cancel(request, engine, tickets, poll)
         if results is None:
             return Response(status_code=499)
@@ -166,7 +165,7 @@ def add_generation_routes(app: FastAPI, engine, config) -> None:
         opts, ignored = chat_options(body)
         spec = build_spec(opts, chat_prompt(body), limits, rules, config.defaults,
                           ignored=ignored)
-        tickets = await submit(engine, spec, "chatcmpl", config)
+        tickets = await submit(engine, spec, "chatcmpl", config, rules)
         results = await wait_or_cancel(request, engine, tickets, poll)
         if results is None:
             return Response(status_code=499)

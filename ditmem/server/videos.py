@@ -212,7 +212,7 @@ def add_video_routes(app: FastAPI, engine, config) -> None:
         raw = spec.num_frames * spec.width * spec.height * 3
         store.reserve(raw, retry_after_s=max(1.0, engine.backlog_s()))
         try:
-            (ticket,) = await submit(engine, spec, "video", config)
+            (ticket,) = await submit(engine, spec, "video", config, rules)
         except BaseException:
             store.release(raw)
             raise

@@ -214,3 +214,20 @@ def test_unknown_routes_and_ids_are_404_without_redirects(server):
         assert r.status_code == 404, (path, r.status_code)
         assert "location" not in r.headers
         assert r.json()["error"]["code"] == 404
+
+
+def test_prompts_past_the_text_window_get_a_warning():
+    from types import SimpleNamespace
+
+    engine = toy_engine()
+    words = lambda text, add_special_tokens=False: SimpleNamespace(input_ids=text.split())
+    engine.gen.pipe = SimpleNamespace(tokenizer=words)  # one token per word
+    with running_server(engine, rules=ModelRules(text_tokens=8)) as url:
+        r = httpx.post(f"{url}{IMAGES}", json={"prompt": "a " * 20, "negative_prompt": "b c"},
+                       timeout=30)
+        assert r.status_code == 200
+        assert r.json()["warnings"] == [
+            "prompt: 20 tokens; the text encoder reads the first 8 (the rest is dropped, as "
+            "the stock pipeline does)"]
+        r = httpx.post(f"{url}{CHAT}", json=chat("x " * 9), timeout=30)
+        assert any("9 tokens" in w for w in r.json()["warnings"])
