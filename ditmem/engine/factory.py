@@ -30,7 +30,9 @@ class EngineConfig:
     """What ``ditmem serve`` / ``ditmem demo`` choose. ``pool_mb``: device page pool
     (request state only; weights are separate); ``host_mb``: host pool for offload
     (default 4x the pool); ``page_kb``: page size; ``profile``: cost-model profile name or
-    JSON path (``cpu-tiny`` for the embedded models on a CPU); ``preemption``: "step" or
+    JSON path (``cpu-tiny`` for the embedded models on a CPU), or "auto"/"measure": measured
+    on this device at start (``engine.profile.startup_profile``; ``profile_frames`` frames per
+    timed request); ``preemption``: "step" or
     "block" (pause inside steps, between chunks of blocks); ``decode``: "auto" (fifo:
     inline, the others: tiled, where the model can tile), "inline" or "tiled";
     ``decode_tile``: (tile, stride) pixels of VAE decode tiles, None: whole decodes.
@@ -57,6 +59,7 @@ class EngineConfig:
     dtype: str | None = None
     memory_fraction: float | None = None
     host_memory_gb: float | None = None
+    profile_frames: int = 1
 
 
 def resolve_decode(choice: str, policy: str, generator) -> tuple[str, bool]:
@@ -195,7 +198,12 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
 
     if generator is None:
         generator = models.load(config.model, device=config.device, dtype=config.dtype)
-    policy, cost = make_policy_and_cost(config.policy, cost or config.profile)
+    if cost is None:
+        from ditmem.engine.profile import startup_profile
+
+        profile = startup_profile(generator, config.model, config.device, config.profile,
+                                  frames=config.profile_frames, page_kb=config.page_kb)
+    policy, cost = make_policy_and_cost(config.policy, cost or profile)
     key = scheduler_model(config.model, generator)
     try:
         cost.max_batch(key)

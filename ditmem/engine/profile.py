@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import platform
+import re
 import statistics
 import time
+from pathlib import Path
 
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 
@@ -207,6 +212,64 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
     return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
                          weights_bytes=weights, link=host_link_rate(), tool=tool,
                          page_kb=page_kb)
+
+
+#: ``--profile`` values that resolve at start-up (``startup_profile``), not to a file or name.
+STARTUP_CHOICES = ("auto", "measure")
+#: What a start-up measurement times: square sides (the HTTP bench's 128²/256²/512² mix;
+#: video models: smaller, their requests carry frames), batch sizes and repeats per point.
+STARTUP_SIDES = (128, 256, 512)
+STARTUP_VIDEO_SIDES = (64, 128)
+STARTUP_BATCHES = (1, 2, 4)
+STARTUP_REPEATS = 3
+
+
+def profile_cache_path(model: str, device: str) -> Path:
+    """Where the start-up profile of ``model`` on ``device`` of this host is kept
+    (``$DITMEM_CACHE`` or ``~/.cache/ditmem``, then ``profiles/<model>-<device>-<host>.json``)."""
+    root = Path(os.environ.get("DITMEM_CACHE") or Path.home() / ".cache" / "ditmem")
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{device}-{platform.node()}")
+    return root / "profiles" / f"{key}.json"
+
+
+def startup_profile(gen, model: str, device: str, choice: str, *, frames: int = 1,
+                    page_kb: int = 64, log=None) -> str:
+    """The profile an engine schedules with, as a name or JSON path: ``choice`` "auto" — the
+    measurement kept for this model, device and host (``profile_cache_path``), made now and
+    kept when there is none or it no longer loads; "measure" — measured now (the kept one
+    replaced); anything else — a profile name or JSON path, returned as is."""
+    if choice not in STARTUP_CHOICES:
+        return choice
+    from ditmem.engine.factory import scheduler_model
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.profiles import ProfileError
+
+    log = log or logging.getLogger("ditmem.profile").warning
+    key = scheduler_model(model, gen)
+    sides = STARTUP_VIDEO_SIDES if frames > 1 else STARTUP_SIDES
+    batches, repeats = STARTUP_BATCHES, STARTUP_REPEATS
+    path = profile_cache_path(model, device)
+    if choice == "auto" and path.is_file():
+        try:
+            CostModel.load(path).max_batch(key)
+            log(f"profile: {path} (measured earlier on this machine; --profile measure "
+                "to measure again)")
+            return str(path)
+        except (ProfileError, ValueError, OSError) as exc:
+            log(f"profile: {path} is unusable ({exc}); measuring again")
+    log(f"profile: measuring {model} on {device} (sides {list(sides)}, batches "
+        f"{list(batches)}) ...")
+    t0 = time.perf_counter()
+    profile = measure_profile(gen, model, list(sides), list(batches), repeats,
+                              name=f"{model} on {device} ({platform.node()})",
+                              page_kb=page_kb, tool="ditmem serve", log=lambda *_: None,
+                              frames=frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(profile, indent=2))
+    tmp.replace(path)
+    log(f"profile: measured in {time.perf_counter() - t0:.0f} s, kept in {path}")
+    return str(path)
 
 
 def parse_tile(text: str) -> tuple[int, int] | None:

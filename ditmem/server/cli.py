@@ -43,8 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host pool in MiB (or --host-memory-gb)")
     add_model_arguments(p)
     p.add_argument("--page-kb", type=int, default=64, help="page size in KiB")
-    p.add_argument("--profile", default="cpu-tiny",
-                   help="cost-model profile name or JSON (see ditmem profile)")
+    p.add_argument("--profile", default="auto",
+                   help="the cost model's device profile: 'auto' (default): measured for this "
+                        "model and device at the first start (about a minute), kept in "
+                        "~/.cache/ditmem/profiles and reused after; 'measure': measure again; "
+                        "or a profile JSON (ditmem profile) or name to reuse")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-active", type=int, default=64, help="running + paused requests")
     p.add_argument("--max-queued", type=int, default=256, help="waiting requests before 429")
@@ -82,7 +85,16 @@ def engine_config(args) -> EngineConfig:
                         decode="inline" if args.decode_workers else args.decode,
                         decode_tile=args.decode_tile, dtype=args.dtype,
                         memory_fraction=args.memory_fraction,
-                        host_memory_gb=args.host_memory_gb)
+                        host_memory_gb=args.host_memory_gb,
+                        profile_frames=_profile_frames(args))
+
+
+def _profile_frames(args) -> int:
+    """Frames per timed request of a start-up measurement: the default video length for
+    video models (``--default-frames``), 1 for image models."""
+    from ditmem.engine.factory import scheduler_model
+
+    return args.default_frames if scheduler_model(args.model).startswith("wan") else 1
 
 
 def main(args) -> int:
