@@ -108,6 +108,7 @@ class PlanExecutor:
             return False
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
+        moved = self.stats.bytes_offloaded + self.stats.bytes_restored
         if self.blocks is not None:
             self.blocks.settle(self.active)
             self.blocks.park_left_out(self.active, self.last_batch, plan.batch)
@@ -143,6 +144,7 @@ class PlanExecutor:
             self._finish_restore(job, handle, report)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
+        report.transfer_bytes = self.stats.bytes_offloaded + self.stats.bytes_restored - moved
         observe = getattr(self.engine.policy, "observe", None)
         if observe is not None:
             observe(report)
@@ -206,6 +208,7 @@ class PlanExecutor:
             self.finish(job, error=RequestFailed(f"{job_id}: encode failed: {exc!r}"))
             return
         report.encode_s += job.timing.encode_s
+        report.encoded.append(job.sched)  # what the cost model's encode correction compares
         if not ok:
             return  # no room: it stays waiting; the policy sees the pool as it is
         self.waiting.remove(job_id)
@@ -255,6 +258,7 @@ class PlanExecutor:
                     self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
                     continue
                 report.decode_s += job.timing.decode_s
+                report.decoded.append(job.sched)
                 report.finished.append(job.id)
                 self.finish(job, output=output)
 
