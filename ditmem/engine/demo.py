@@ -98,17 +98,21 @@ def calibrate(gen, args) -> str:
 
 def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int,
             decode: str = "inline") -> dict:
-    """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool."""
+    """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool:
+    the simulated device draws its times around the profile (``TimingNoise``, 3 %, seed 0),
+    from its own copy of the profile (the policy learns it only through what it observes)."""
     import dataclasses
 
     from ditmem.engine.factory import make_policy_and_cost
+    from ditmem.scheduler import CostModel
     from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.noise import TimingNoise
     from ditmem.scheduler.simulator import simulate
 
     pol, cost = make_policy_and_cost(policy, profile)
     reqs = [dataclasses.replace(r) for r in trace]
-    result = simulate(reqs, pol, cost.base, page_bytes=page_bytes, device_pages=pool_pages,
-                      decode=decode)
+    result = simulate(reqs, pol, CostModel(cost.base.profile), page_bytes=page_bytes,
+                      device_pages=pool_pages, decode=decode, noise=TimingNoise(seed=0))
     return summarize(result.records)
 
 

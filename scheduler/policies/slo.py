@@ -114,7 +114,6 @@ class SloPolicy(Policy):
     ):
         super().__init__(cost)
         self.lane = LateLane(late_windows, late_share)
-
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
         self.chunk_wait_share = chunk_wait_share
