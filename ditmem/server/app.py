@@ -179,6 +179,9 @@ def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) 
     from ditmem.server.videos import VideoStore, add_video_routes
 
     app.state.videos = VideoStore(config.limits.video_store_bytes, config.limits.video_ttl_s)
+    app.state.metrics.add_gauge("ditmem_video_store_bytes",
+                                "bytes of video results held (budget: --video-store-mb)",
+                                lambda: app.state.videos.bytes_held)
     add_generation_routes(app, engine, config)
     add_video_routes(app, engine, config)
     json_only = ("application/json",)

@@ -31,6 +31,8 @@ class EngineCollector:
             "ditmem_paused": ("preempted requests (device or host)", s.paused),
             "ditmem_offloaded": ("requests whose pages are on the host", s.offloaded),
             "ditmem_pages_used": ("device pool pages in use", s.pages_used),
+            "ditmem_engine_dead": ("1 when the engine stopped after a failure it could "
+                                   "not survive", int(s.dead is not None)),
             "ditmem_pages_free": ("device pool pages free", s.pages_free),
             "ditmem_host_pages_used": ("host pool pages in use", s.host_pages_used),
         }
@@ -60,12 +62,29 @@ class EngineCollector:
         yield slo
 
 
+class GaugeCallbacks:
+    """Gauges read from callables at scrape time (server-side state such as the video
+    store)."""
+
+    def __init__(self):
+        self.gauges: dict[str, tuple[str, object]] = {}
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        for name, (doc, read) in self.gauges.items():
+            yield GaugeMetricFamily(name, doc, value=read())
+
+
 class ServerMetrics:
     """The registry of one server: engine gauges plus a step-latency histogram."""
 
     def __init__(self, engine):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(EngineCollector(engine))
+        self.callbacks = GaugeCallbacks()
+        self.registry.register(self.callbacks)
         self.step_seconds = Histogram(
             "ditmem_step_seconds", "wall time of one packed denoising step",
             buckets=STEP_BUCKETS, registry=self.registry,
@@ -76,6 +95,10 @@ class ServerMetrics:
             registry=self.registry,
         )
         engine.add_listener(self)
+
+    def add_gauge(self, name: str, doc: str, read) -> None:
+        """A gauge whose value is ``read()`` at each scrape."""
+        self.callbacks.gauges[name] = (doc, read)
 
     def on_step(self, seconds: float, batch_size: int) -> None:
         self.step_seconds.observe(seconds)

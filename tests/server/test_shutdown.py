@@ -199,6 +199,7 @@ def test_a_dead_engine_answers_503_everywhere():
         h = httpx.get(f"{url}/health")
         assert h.status_code == 503 and h.json()["status"] == "dead"
         assert "scheduler state corrupted" in h.json()["reason"]
+        assert "ditmem_engine_dead 1.0" in httpx.get(f"{url}/metrics").text
         r = httpx.post(f"{url}/v1/images/generations", json={"prompt": "y"})
         assert r.status_code == 503 and "dead" in r.json()["error"]["message"]
         assert engine.pool.num_used_pages == 0

@@ -94,7 +94,9 @@ def test_delete_removes_frees_and_cancels():
                                                     "num_frames": 3,
                                                     "num_inference_steps": 2}).json()
         wait_status(url, done["id"])
-        assert app.state.videos.bytes_held > 0
+        held = app.state.videos.bytes_held
+        assert held > 0
+        assert metric(httpx.get(f"{url}/metrics").text, "ditmem_video_store_bytes") == held
         r = httpx.delete(f"{url}/v1/videos/{done['id']}")
         assert r.status_code == 200 and r.json()["deleted"] is True
         for path in (f"/v1/videos/{done['id']}", f"/v1/videos/{done['id']}/content"):
