@@ -140,3 +140,41 @@ def test_every_policy_finishes_every_request_on_a_mixed_trace():
         assert len(result.records) == 20
         assert all(sum(r.degrees.values()) == r.request.steps for r in result.records)
         assert all(r.finished > r.request.arrival for r in result.records)
+
+
+def test_slo_runs_a_crowd_of_large_requests_at_low_degree():
+    """Four 1024² requests at once on 4 devices: one round at degree 1 (16 s) beats two
+    rounds at degree 2 (2 × 8 s = 16 s: a tie keeps the lower degree) and four at degree 4
+    (4 × 5 s); so all four run side by side at degree 1, none waits."""
+    nc = node_cost()
+    rs = _reqs(nc, *[(f"b{i}", 0, 1024, 4, None) for i in range(4)])
+    out = by_id(run(rs, "slo", 4, nc, forecast=False))
+    assert all(r.degrees == {1: 4} for r in out.values())
+    assert all(r.finished == pytest.approx(16.0) for r in out.values())
+
+
+def test_slo_batches_small_requests_only_when_every_member_keeps_its_deadline():
+    """Table profile: a batch costs the sum of its members (no gain), so slo never batches
+    (the step would grow by a whole joiner's step); two 512² requests on one device run
+    one after the other."""
+    nc = node_cost()
+    rs = _reqs(nc, ("a", 0, 512, 2, None), ("b", 0, 512, 2, None))
+    out = by_id(run(rs, "slo", 1, nc, forecast=False))
+    assert sorted(r.finished for r in out.values()) == [pytest.approx(2.0), pytest.approx(4.0)]
+
+
+def test_slo_batch_with_a_gain_and_its_deadline_guard():
+    """With a measured batch of two 512² at 1.2 s per step, two requests left without a
+    device share one (2 steps: both done at 2.4 s). When one of them is due at 2.5 s, a
+    two-step batch would leave it no 10 % margin (1.1 × 2.4 s > 2.5 s): it runs its first
+    step alone (to 1.0 s); then one batched step (1.1 × 1.2 s fits) ends it at 2.2 s, and
+    the other's last step runs alone, to 3.2 s (the rule is applied step by step)."""
+    batch = [{"tokens": 1024, "batch": 2, "seconds": 1.2}]
+    nc = node_cost(batch_points=batch)
+    rs = _reqs(nc, ("a", 0, 512, 2, None), ("b", 0, 512, 2, None))
+    out = by_id(run(rs, "slo", 1, nc, forecast=False))
+    assert [out[i].finished for i in "ab"] == [pytest.approx(2.4), pytest.approx(2.4)]
+    nc = node_cost(batch_points=batch)
+    rs = _reqs(nc, ("a", 0, 512, 2, 2500), ("b", 0, 512, 2, None))
+    out = by_id(run(rs, "slo", 1, nc, forecast=False))
+    assert out["a"].finished == pytest.approx(2.2) and out["b"].finished == pytest.approx(3.2)
