@@ -42,7 +42,9 @@ Each iteration::
        VAE-decoded, finished, its pages freed and removed from ``active``
     5. for id in plan.pause: active[id].preemptions += 1   (informational)
     6. policy.observe(StepReport(now, plan.batch, model, [cost.tokens(r) ...], step_s,
-                                 encode_s, decode_s, transfer_s, finished))
+                                 encode_s, decode_s, transfer_s, finished,
+                                 encoded=[admitted requests], decoded=[decoded requests],
+                                 transfer_bytes=bytes moved))
 
 The policy guarantees: batch members share one model and number at most
 ``cost.max_batch(model)``; admits and restores fit in the free pages once the offloads are
@@ -61,8 +63,10 @@ asynchronously; ``status.activations`` = DEVICE while in flight, HOST once lande
 ``resume`` it before its next chunk. ``ditmem.scheduler.simulator`` models exactly this.
 
 Cost model feedback: ``policy.observe(report)`` forwards to ``cost.observe(report)``, which
-keeps a per-model correction factor (EWMA of measured / predicted step time), so a profile
-that is off by a constant converges to the device's real speed. ``ditmem profile`` writes a
+keeps correction factors (EWMAs of measured / predicted) for steps per shape class, encodes,
+decodes per size class and transfers, so a profile that is off converges to the device's
+real speeds. The simulator draws its device's times around the profile
+(``ditmem.scheduler.noise.TimingNoise``) from its own uncorrected copy. ``ditmem profile`` writes a
 measured profile in the format documented in ``ditmem.scheduler.profiles`` (kind "table").
 
 Requests leave the policy's view when the engine removes them: a cancelled waiting request
