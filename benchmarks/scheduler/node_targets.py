@@ -89,8 +89,15 @@ def main() -> None:
                         choices=("targets", "heldout", "goodput", "others", "sweep"))
     parser.add_argument("--quick", action="store_true", help="300 requests, 2 seeds")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--seeds", type=int, help="seeds per point (default 5; quick 2)")
+    parser.add_argument("--workloads", help="comma list (goodput, others: default both)")
+    parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (goodput)")
+    parser.add_argument("--loads", help="comma list of loads (others, sweep)")
+    parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     args = parser.parse_args()
     n, seeds, held = (300, range(2), range(5, 7)) if args.quick else (2000, range(5), range(5, 10))
+    if args.seeds:
+        seeds = range(args.seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -100,28 +107,35 @@ def main() -> None:
         runs = [("fifo", 1), ("fifo", 2), ("elastic-np", 1), ("slo", 1)]
         rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), held, n, runs)
     elif args.part == "others":
-        rows = points(("wan-mix",), (0.7, 0.8), seeds, 100 if args.quick else 500)
-        rows += points(("video-image-mix",), (0.7, 0.8), seeds, 200 if args.quick else 1000)
+        loads = tuple(float(x) for x in (args.loads or "0.7,0.8").split(","))
+        rows = points(("wan-mix",), loads, seeds, 100 if args.quick else 500)
+        rows += points(("video-image-mix",), loads, seeds, 200 if args.quick else 1000)
     elif args.part == "goodput":
         rows = []
-        for wl in ("seed-mix", "omni-mix"):
+        runs = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1), ("slo", 1)]
+        if args.runs:
+            runs = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
+                    for r in args.runs.split(",")]
+        for wl in (args.workloads or "seed-mix,omni-mix").split(","):
             sc = scenario(wl, seeds, n)
-            row = {"workload": wl, "bound": bound_goodput(sc, lo=0.3, tol=0.02)}
+            row = {"workload": wl, "seeds": list(seeds), "requests": n,
+                   "bound": bound_goodput(sc, lo=0.3, tol=0.02)}
             print(f"{wl}: bound allows {row['bound']:.3f}", flush=True)
-            for policy, degree in [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1),
-                                   ("slo", 1)]:
+            for policy, degree in runs:
                 name = policy if policy != "fifo" else f"fifo d={degree}"
-                row[name] = node_goodput(sc, policy, degree, lo=0.1, tol=0.02)
+                lo = 0.5 if policy == "slo" else 0.1  # slo holds 99 % at 0.8 (targets part)
+                row[name] = node_goodput(sc, policy, degree, lo=lo, tol=0.02)
                 print(f"{wl}: goodput {name} {row[name]:.3f}", flush=True)
             rows.append(row)
     else:
-        loads = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+        loads = tuple(float(x) for x in (args.loads or "0.5,0.6,0.7,0.8,0.9,1.0").split(","))
         runs = [("fifo", 1), ("fifo", 2), ("srtf", 1), ("elastic-np", 1), ("slo", 1)]
-        rows = points(("seed-mix",), loads, range(2), n, runs)
+        rows = points(("seed-mix",), loads, range(args.seeds or 2), n, runs)
         plot_sweep([dict(r, policy=label(r)) for r in rows],
                    str(out / "node_seed_mix_sweep.png"),
-                   f"seed-mix on {DEVICES} x h200, Poisson, noise 3 % (2 x {n} requests)")
-    path = out / f"node_{args.part}{'_quick' if args.quick else ''}.json"
+                   f"seed-mix on {DEVICES} x h200, Poisson, noise 3 % "
+                   f"({args.seeds or 2} x {n} requests)")
+    path = out / f"node_{args.part}{'_quick' if args.quick else ''}{args.tag}.json"
     path.write_text(json.dumps(rows, indent=2))
     print(f"wrote {path} ({time.time() - t0:.0f} s)")
 
