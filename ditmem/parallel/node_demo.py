@@ -207,12 +207,14 @@ def main(args) -> int:
             f"devices, spans {trace[-1].arrival:.0f} s")
         progress = _Progress(not args.no_progress)
         rows = {}
+        load_avg = {"start": os.getloadavg()[0]}
         for name in ("fifo", "slo"):
             rows[name] = run_policy(node, name, trace, cost, args.devices, progress,
                                     args.decode_tile)
             sim = predict(name, trace, cost, args.devices, args.seed)
             rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
                               sim_p99_s=sim["p99_s"])
+            load_avg[f"after {name}"] = os.getloadavg()[0]
     total = time.perf_counter() - started
     print(f"\n{'policy':<6} {'att %':>6} {'P50 s':>7} {'P95 s':>7} {'P99 s':>7} "
           f"{'sim att %':>9} {'sim P95':>8} {'steps d1/d2':>11} {'moves':>6} {'wall s':>7}")
@@ -222,6 +224,8 @@ def main(args) -> int:
               f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
               f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
               f"{r['wall_s']:7.0f}")
+    print("machine load average (1 min; other jobs share the cores): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in load_avg.items()))
     print(f"trace limits: offline bound {100 * lim['bound_attainment']:.1f} % attainment; "
           f"P95 floor {lim['p95_floor_s']:.2f} s (alone at degree {args.devices})")
     for what, ok, detail in targets(rows, lim):
@@ -233,7 +237,8 @@ def main(args) -> int:
     if args.json:
         meta = {"command": "demo --devices", "devices": args.devices, "model": args.model,
                 "workload": args.workload, "load": args.load, "requests": len(trace),
-                "seed": args.seed, "divisor": args.divisor, "total_wall_s": total, **lim}
+                "seed": args.seed, "divisor": args.divisor, "total_wall_s": total,
+                "load_average": load_avg, **lim}
         with open(args.json, "w") as f:
             json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
         print(f"json: {args.json}")
