@@ -20,3 +20,19 @@ def test_targets_use_the_bound_and_the_floor_where_they_are_the_honest_bar():
     missed = targets({"fifo": fifo, "slo": _row(0.98, 21.0, 59.0)},
                      {"bound_attainment": 1.0, "p95_floor_s": 10.0})
     assert [ok for _, ok, _ in missed] == [False, False, True]
+
+
+def test_a_saved_demo_profile_is_used_as_is():
+    import json
+    from argparse import Namespace
+    from pathlib import Path
+
+    from ditmem.parallel.node_demo import _profile
+    from ditmem.scheduler.cost import CostModel
+    from ditmem.scheduler.node.cost import NodeCost
+
+    path = Path(__file__).parents[2] / "benchmarks/parallel/results/demo_devices2_run2_profile.json"
+    args = Namespace(profile=str(path), workload="seed-mix", divisor=2)
+    profile = _profile(args, None, lambda *_: None)  # no node needed: nothing is measured
+    assert profile == json.loads(path.read_text())
+    assert NodeCost(CostModel.from_dict(profile)).speedup("qwen-image", 4096, 2) > 1.5
