@@ -13,15 +13,18 @@ measured in docs/results/scheduler.md.) The lane is served **as late as possible
 runs first while every lane member can still finish by its D2 with the lane run back to
 back in lane order; once the least such *lane slack* is below the next iteration's predicted
 length, the iteration runs the lane's head instead, making room for it whatever the memory
-pressure (paused requests are offloaded; only a full host as well stops it). The give-up rule
-counts the lane's as-late-as-possible schedule as device time already taken.
+pressure (paused requests are offloaded; only a full host as well, or the engine's
+``max_active`` for a head not yet started, stops it — then the next member that fits
+runs). The give-up rule counts the lane's as-late-as-possible schedule as device time
+already taken.
 
-**The bound.** With exact timings and no transfers for the lane head, every late request
-finishes by its D2. Proof: let ``s_k = D2_k − now − Σ_{j ≤ k} rem_j`` over the lane in order.
+**The bound.** With exact timings, no transfers for the lane head and the head always able
+to run, every late request finishes by its D2. Proof: let
+``s_k = D2_k − now − Σ_{j ≤ k} rem_j`` over the lane in order.
 (i) A newcomer is appended last with ``D2 ≥ now + W_lane + rem``, so its ``s ≥ 0``, and no
 earlier ``s`` changes. (ii) Running anything else for T seconds lowers every ``s`` by T, and
-is done only when ``min s ≥ T``. (iii) Running the head for T seconds lowers both ``now`` and
-every prefix's remaining work by T: no ``s`` changes. So ``s_k ≥ 0`` at every decision and a
+is done only when ``min s ≥ T``. (iii) Running the head for T seconds advances ``now`` and lowers
+every prefix's remaining work by T each: no ``s`` changes. So ``s_k ≥ 0`` at every decision and a
 lane member unfinished after its D2 (``s_k < −rem_k < 0``) cannot exist. Arrivals do not enter
 the lane's sums, so no stream of urgent work can push a late request past its D2.
 ``tests/scheduler/test_sched_tail_bound.py`` checks it on an adversarial trace.
