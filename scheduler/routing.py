@@ -17,18 +17,22 @@ everything routed to it after the report.
 The ditmem rule (:func:`rank_replicas`) places a request of ``w`` seconds of work
 (``w * speed`` on a replica whose cost model measured it ``speed`` times slower than the
 profile) on replica ``r`` as that policy would run it: behind the work due before its
-deadline, ahead of the work due after. It ranks the replicas in three tiers:
+deadline, ahead of the work due after. It ranks the replicas in four tiers:
 
-0. the request meets its deadline there and no request due after it that still meets its
-   own deadline is pushed past it;
-1. the request meets its deadline, but pushes others past theirs;
-2. the request misses its deadline there.
+0. the request meets its deadline there with at least half its time to spare, and no
+   request due after it that still meets its own deadline is pushed past it;
+1. the same with less to spare;
+2. the request meets its deadline, but pushes others past theirs;
+3. the request misses its deadline there.
 
-Within tier 0 the replica where the request finishes first wins (then the least total
-work); within tier 1 the one with the least lateness inflicted on others (weighted by their
-priority, 3:2:1); within tier 2 the least total work: a request that misses everywhere
-joins its replica's late lane (the ``slo`` policy runs late requests after on-time work),
-so it finishes about when that replica's whole backlog has run. Ties go to the replica with
+Within tier 0 the replica with the least total work after placement wins: where a
+request is comfortably on time anywhere, the cluster's load is kept even (and a replica
+whose measured speed is a little worse still gets work, so its measurement stays
+current); within tier 1 the replica where the request finishes first; within tier 2 the
+one with the least lateness inflicted on others (weighted by their priority, 3:2:1);
+within tier 3 again the least total work: a request that misses everywhere joins its
+replica's late lane (the ``slo`` policy runs late requests after on-time work), so it
+finishes about when that replica's whole backlog has run. Ties go to the replica with
 less total work, then more free pages, then the lower index.
 """
 
@@ -238,7 +242,7 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     if est.free_pages < req.pages:
         finish = max(finish, now + est.total_s + alone)
     if finish > req.deadline:
-        return Score(est.replica, 2, total, finish, total, est.free_pages)
+        return Score(est.replica, 3, total, finish, total, est.free_pages)
     inflicted, clock = 0.0, now + ahead
     for deadline, w, priority in est.due:
         if deadline <= req.deadline:
@@ -247,8 +251,10 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
         if clock <= deadline < clock + work:  # on time before, late after
             inflicted += WEIGHTS.get(priority, 1.0) * (clock + work - deadline)
     if inflicted > 0:
-        return Score(est.replica, 1, inflicted, finish, total, est.free_pages)
-    return Score(est.replica, 0, finish, finish, total, est.free_pages)
+        return Score(est.replica, 2, inflicted, finish, total, est.free_pages)
+    if req.deadline - finish >= 0.5 * (req.deadline - now):
+        return Score(est.replica, 0, total, finish, total, est.free_pages)
+    return Score(est.replica, 1, finish, finish, total, est.free_pages)
 
 
 def rank_replicas(req: RouteRequest, loads: Sequence[ReplicaLoad], book: RoutingBook,

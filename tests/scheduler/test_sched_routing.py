@@ -49,10 +49,21 @@ def test_estimate_adds_what_was_sent_after_the_report_and_drops_older():
     assert book.since("a", reported_at=6.5) == []
 
 
-def test_the_earliest_finish_wins_when_every_replica_meets_the_deadline():
-    loads = [load("a", [(1, 50.0, 10.0)]), load("b", [(1, 50.0, 2.0)])]
+def test_comfortably_on_time_everywhere_means_the_least_total_work_wins():
+    # a: 10 s due at 50 runs first, the request finishes at 11 (89 s to spare of 100);
+    # b: 20 s due at 190, the request runs first and finishes at 1: both comfortable, and
+    # a holds less work.
+    loads = [load("a", [(1, 50.0, 10.0)]), load("b", [(1, 190.0, 20.0)])]
     ranked = rank_replicas(req(1.0, 100.0), loads, RoutingBook(), now=0.0)
-    assert [(s.replica, s.tier, s.finish) for s in ranked] == [("b", 0, 3.0), ("a", 0, 11.0)]
+    assert [(s.replica, s.tier, s.finish) for s in ranked] == [("a", 0, 11.0), ("b", 0, 1.0)]
+
+
+def test_when_time_is_tight_the_earliest_finish_wins():
+    # Deadline 10: a finishes at 6 (4 s to spare of 10: tight), b at 8; a wins though it
+    # holds more work in all.
+    loads = [load("a", [(1, 5.0, 5.0), (2, 99.0, 20.0)]), load("b", [(1, 5.0, 7.0)])]
+    ranked = rank_replicas(req(1.0, 10.0), loads, RoutingBook(), now=0.0)
+    assert [(s.replica, s.tier, s.finish) for s in ranked] == [("a", 1, 6.0), ("b", 1, 8.0)]
 
 
 def test_work_due_later_does_not_count_as_ahead():
@@ -61,7 +72,7 @@ def test_work_due_later_does_not_count_as_ahead():
     # which runs first: the request finishes at 3.0 > 2.5, though b has less work.
     loads = [load("a", [(2, 60.0, 10.0)]), load("b", [(1, 2.2, 2.0)])]
     ranked = rank_replicas(req(1.0, deadline=2.5), loads, RoutingBook(), now=0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
+    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 3)]
     assert [s.finish for s in ranked] == pytest.approx([1.0, 3.0])
 
 
@@ -75,17 +86,17 @@ def test_a_tie_on_finish_goes_to_the_replica_with_less_work():
 def test_pushing_another_request_past_its_deadline_ranks_below_a_clean_placement():
     # a: the new request (due 5) runs first (finish 1), then a priority-2 request of 5 s
     # due at 5.5 ends at 6 instead of 5: late by 0.5 (weight 1). b: it waits 2 s behind
-    # work due at 3 and finishes at 3 <= 5, hurting no one.
+    # work due at 3 and finishes at 3 <= 5 (2 s to spare of 5: tier 1), hurting no one.
     loads = [load("a", [(2, 5.5, 5.0)]), load("b", [(0, 3.0, 2.0)])]
     ranked = rank_replicas(req(1.0, deadline=5.0, priority=0), loads, RoutingBook(), 0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("b", 0), ("a", 1)]
+    assert [(s.replica, s.tier) for s in ranked] == [("b", 1), ("a", 2)]
     assert ranked[1].key == pytest.approx(0.5)
 
 
 def test_harm_is_weighted_by_the_priority_of_who_is_hurt():
     loads = [load("a", [(0, 5.5, 5.0)]), load("b", [(2, 5.5, 5.0)])]
     ranked = rank_replicas(req(1.0, deadline=2.0), loads, RoutingBook(), 0.0)
-    assert [(s.replica, s.tier, s.key) for s in ranked] == [("b", 1, 0.5), ("a", 1, 1.5)]
+    assert [(s.replica, s.tier, s.key) for s in ranked] == [("b", 2, 0.5), ("a", 2, 1.5)]
 
 
 def test_a_request_already_late_is_not_counted_as_harm():
@@ -102,7 +113,7 @@ def test_when_every_replica_misses_the_least_total_work_wins():
              load("c", [(1, 1.0, 2.0), (2, 90.0, 5.0)])]
     ranked = rank_replicas(req(1.0, deadline=2.0), loads, RoutingBook(), now=0.0)
     assert [s.replica for s in ranked] == ["b", "c", "a"]
-    assert {s.tier for s in ranked} == {2}
+    assert {s.tier for s in ranked} == {3}
     assert [s.key for s in ranked] == pytest.approx([7.0, 8.0, 10.0])
 
 
@@ -111,7 +122,7 @@ def test_missing_pages_mean_waiting_for_the_whole_backlog():
     # backlog (1 + 8 s) -> finish 10 > deadline; b has room and finishes at 5.
     loads = [load("a", [(1, 3.0, 1.0), (2, 90.0, 8.0)], free=2), load("b", [(1, 5.0, 4.0)])]
     ranked = rank_replicas(req(1.0, deadline=6.0, pages=10), loads, RoutingBook(), 0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("b", 0), ("a", 2)]
+    assert [(s.replica, s.tier) for s in ranked] == [("b", 1), ("a", 3)]
     assert ranked[1].finish == pytest.approx(10.0)
 
 
@@ -120,7 +131,7 @@ def test_a_slower_replica_counts_the_request_longer():
     # there and finishes at 1 + 6 = 7, past the 6.5 s deadline; on a at 4 + 2 = 6.
     loads = [load("a", [(1, 5.0, 4.0)]), load("b", [(1, 5.0, 1.0)], speed=3.0)]
     ranked = rank_replicas(req(2.0, deadline=6.5), loads, RoutingBook(), now=0.0)
-    assert [(s.replica, s.tier) for s in ranked] == [("a", 0), ("b", 2)]
+    assert [(s.replica, s.tier) for s in ranked] == [("a", 1), ("b", 3)]
     assert ranked[1].finish == pytest.approx(7.0)
 
 
