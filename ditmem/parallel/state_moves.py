@@ -27,8 +27,18 @@ import torch.distributed as dist
 from ditmem.memory import RequestState, TensorState
 from ditmem.parallel.shards import shard
 
-#: token-sharded tensors and their token dimension (Qwen-Image packed latents [1, S, C])
+#: token-sharded tensors and their token dimension (Qwen-Image packed latents [1, S, C]);
+#: states of other models move only at degree 1 (see :func:`check_degree`)
 TOKEN_DIM = {"latents": 1}
+
+
+def check_degree(generator, degree: int) -> None:
+    """ValueError unless ``generator``'s states can be held at ``degree`` (degree > 1:
+    Qwen-Image, whose packed latents are token rows). Deterministic, so every device of a
+    collective refuses alike before any exchange."""
+    if degree > 1 and type(getattr(generator, "adapter", None)).__name__ != "QwenAdapter":
+        raise ValueError(f"degree {degree}: sequence-parallel states are implemented for "
+                         f"Qwen-Image; {type(generator).__name__} requests run at degree 1")
 
 
 @dataclass(slots=True)
@@ -97,7 +107,8 @@ def adopt(parts: list[HostCopy], hosts: dict[int, object], pool, rank: int, degr
             value = full.narrow(dim, lo, hi - lo)
         else:
             value = read_host(hosts[parts[0].device], first)
-        if state.put(name, value.to(device).contiguous()) is None:
+        if state.put(name, value.to(device).contiguous(),
+                     row_ndim=len(first.row_shape)) is None:
             state.free()
             return None
     state.scalars.update(copy.deepcopy(parts[0].scalars))
@@ -118,12 +129,13 @@ def reshard(state: RequestState | None, group, cover: tuple[int, ...], device: i
     meta = [None]
     if device == src:
         meta = [(copy.deepcopy(state.scalars),
-                 {n: (state.shape(n), state.paged(n).dtype) for n in state.names()})]
+                 {n: (state.shape(n), state.paged(n).dtype, len(state.paged(n).row_shape))
+                  for n in state.names()})]
     dist.broadcast_object_list(meta, src=src, group=group)
     scalars, shapes = meta[0]
     _check_whole_steps(scalars, len(new), request_id)
     values = {}
-    for name, (shape, dtype) in sorted(shapes.items()):
+    for name, (shape, dtype, _) in sorted(shapes.items()):
         if name in TOKEN_DIM:
             values[name] = _gather_tokens(state, name, shape, dtype, group, cover, old, me,
                                           pool.device)
@@ -141,7 +153,7 @@ def reshard(state: RequestState | None, group, cover: tuple[int, ...], device: i
                 dim = TOKEN_DIM[name]
                 lo, hi = shard(value.shape[dim], degree, rank)
                 value = value.narrow(dim, lo, hi - lo).contiguous()
-            if fresh.put(name, value) is None:
+            if fresh.put(name, value, row_ndim=shapes[name][2]) is None:
                 fresh.free()
                 raise MemoryError(f"reshard: device {device} has no room for {request_id}")
         fresh.scalars.update(scalars)

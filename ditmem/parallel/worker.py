@@ -118,6 +118,7 @@ class DeviceWorker:
         return len(states)
 
     def _reshard(self, c: cmd.Reshard) -> bool:
+        state_moves.check_degree(self.gen, len(c.new))  # every member refuses alike
         part = self.held.get(c.request_id) if self.index in c.old else None
         if self.index in c.old and part is None:
             raise KeyError(f"reshard: device {self.index} holds no part of {c.request_id!r}")
@@ -140,6 +141,7 @@ class DeviceWorker:
     def _adopt(self, c: cmd.Adopt) -> bool:
         if c.request_id in self.held:
             raise ValueError(f"adopt: device {self.index} already holds {c.request_id!r}")
+        state_moves.check_degree(self.gen, len(c.devices))
         state = state_moves.adopt(c.parts, self.hosts, self.pool, c.devices.index(self.index),
                                   len(c.devices), c.request_id, self.pool.device)
         if state is None:

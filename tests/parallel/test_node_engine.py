@@ -183,3 +183,37 @@ def test_scheduler_node_loop_runs_on_real_devices(node):
         w, h = shapes[int(rid[1:])]
         assert image.shape == (h, w, 3)
         assert np.abs(image.astype(int) - outputs["slo"][rid].astype(int)).max() <= 1
+
+
+def test_wan_request_moves_between_devices_at_degree_one():
+    """Wan states (UniPC history, cross-attention K/V pages with their row layout) move
+    between devices over the device link and through host pages and end with the video an
+    uninterrupted run on one device gives; degree > 1 is refused with the reason."""
+    from ditmem.parallel.node import CommandFailed
+
+    def video(rid):
+        return GenerationRequest("a cat on a boat", width=64, height=48, num_frames=5,
+                                 num_inference_steps=4, guidance_scale=5.0,
+                                 negative_prompt="ugly", seed=3, request_id=rid)
+
+    with NodeEngine("tiny-wan", num_devices=2, pool_pages=512, page_bytes=1 << 14,
+                    host_pages=512, start_timeout_s=300, command_timeout_s=120) as node:
+        assert node.encode(video("ref"), 0) and node.encode(video("w"), 0)
+        for _ in range(4):
+            node.step([((0,), ["ref"])])
+        expected = node.decode("ref")
+        node.release("ref")
+        node.step([((0,), ["w"])])
+        node.move("w", (1,))                                  # device link
+        node.step([((1,), ["w"])])
+        node.park("w")                                        # host pages of device 1
+        assert node.resume("w", (0,))                         # back onto device 0
+        with pytest.raises(CommandFailed, match="Qwen-Image"):
+            node.move("w", (0, 1))
+        node.step([((0,), ["w"])])
+        node.step([((0,), ["w"])])
+        got = node.decode("w")
+        assert got.shape == expected.shape == (5, 48, 64, 3)
+        assert np.abs(got.astype(int) - expected.astype(int)).max() <= 1
+        node.release("w")
+        assert _pages(node) == {0: (0, 0), 1: (0, 0)}
