@@ -25,11 +25,12 @@ deadline, ahead of the work due after. It ranks the replicas in four tiers:
 2. the request meets its deadline, but pushes others past theirs;
 3. the request misses its deadline there.
 
-Within tier 0 the replica with the least total work after placement wins: where a
-request is comfortably on time anywhere, the cluster's load is kept even (and a replica
-whose measured speed is a little worse still gets work, so its measurement stays
-current); within tier 1 the replica where the request finishes first; within tier 2 the
-one with the least lateness inflicted on others (weighted by their priority, 3:2:1);
+Within tier 0 the replica with the least work already there wins: where a request is
+comfortably on time anywhere, the cluster's load is kept even, and an idle replica gets
+the request whatever speed it last measured (a replica that measured itself slow once and
+then got no work would otherwise never measure again); within tier 1 the replica where
+the request finishes first; within tier 2 the one with the least lateness inflicted on
+others (weighted by their priority, 3:2:1);
 within tier 3 again the least total work: a request that misses everywhere joins its
 replica's late lane (the ``slo`` policy runs late requests after on-time work), so it
 finishes about when that replica's whole backlog has run. Ties go to the replica with
@@ -253,7 +254,9 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
     if inflicted > 0:
         return Score(est.replica, 2, inflicted, finish, total, est.free_pages)
     if req.deadline - finish >= 0.5 * (req.deadline - now):
-        return Score(est.replica, 0, total, finish, total, est.free_pages)
+        # the work already there, not counting the request's own price: an idle replica
+        # always wins here, whatever speed it last measured
+        return Score(est.replica, 0, est.total_s, finish, total, est.free_pages)
     return Score(est.replica, 1, finish, finish, total, est.free_pages)
 
 

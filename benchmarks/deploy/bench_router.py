@@ -117,8 +117,8 @@ def replica_rows(url: str) -> list[dict]:
     return httpx.get(f"{url}/health/replicas", timeout=10).json()["replicas"]
 
 
-def routed_split(url: str) -> list[int]:
-    return sorted((r["routed"] for r in replica_rows(url)), reverse=True)
+def routed_counts(url: str) -> dict[str, int]:
+    return {r["replica"]: r["routed"] for r in replica_rows(url)}
 
 
 def run_ray(args, cost) -> list[dict]:
@@ -147,20 +147,20 @@ def run_ray(args, cost) -> list[dict]:
             speed = 1.0 / statistics.median(corrections)
         print(f"replica speed vs the profile: {speed:.3f}")
         for seed in args.seeds:
-            before = {n: routed_split(f"{base}/{n}") for n in ROUTERS}
+            before = {n: routed_counts(f"{base}/{n}") for n in ROUTERS}
             requests = build_trace(args, seed, cost, speed)
             started = time.perf_counter()
             outcomes = asyncio.run(replay_both(base, requests))
             wall = time.perf_counter() - started
             for name in ROUTERS:
                 s = summarize(to_records(outcomes[name]))
-                after = routed_split(f"{base}/{name}")
+                after = routed_counts(f"{base}/{name}")
                 rows.append({"seed": seed, "router": name, "requests": len(requests),
                              "failed": sum(not o["ok"] for o in outcomes[name]),
                              "attainment": s["slo_attainment"], "p50_s": s["p50_s"],
                              "p95_s": s["p95_s"], "p99_s": s["p99_s"],
-                             "routed": [a - b for a, b in zip(after, before[name],
-                                                              strict=False)],
+                             "routed": sorted((n - before[name].get(k, 0)
+                                               for k, n in after.items()), reverse=True),
                              "wall_s": wall, "speed": speed})
     return rows
 

@@ -58,6 +58,15 @@ def test_comfortably_on_time_everywhere_means_the_least_total_work_wins():
     assert [(s.replica, s.tier, s.finish) for s in ranked] == [("a", 0, 11.0), ("b", 0, 1.0)]
 
 
+def test_an_idle_replica_that_measured_itself_slow_still_gets_work():
+    # slow: idle, last measured 5x the profile; fast: 1 s of work. Deadline 100: on time
+    # with room on both, and the idle one holds no work.
+    loads = [load("fast", [(1, 50.0, 1.0)]), load("slow", speed=5.0)]
+    ranked = rank_replicas(req(1.0, 100.0), loads, RoutingBook(), now=0.0)
+    assert [(s.replica, s.tier, s.finish) for s in ranked] == [("slow", 0, 5.0),
+                                                                ("fast", 0, 2.0)]
+
+
 def test_when_time_is_tight_the_earliest_finish_wins():
     # Deadline 10: a finishes at 6 (4 s to spare of 10: tight), b at 8; a wins though it
     # holds more work in all.
