@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (goodput)")
     parser.add_argument("--loads", help="comma list of loads (others, sweep)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
+    parser.add_argument("--lo", type=float, help="goodput: lowest load of slo's bisection")
+    parser.add_argument("--hi", type=float, default=1.2, help="goodput: highest load")
     args = parser.parse_args()
     n, seeds, held = (300, range(2), range(5, 7)) if args.quick else (2000, range(5), range(5, 10))
     if args.seeds:
@@ -123,8 +125,8 @@ def main() -> None:
             print(f"{wl}: bound allows {row['bound']:.3f}", flush=True)
             for policy, degree in runs:
                 name = policy if policy != "fifo" else f"fifo d={degree}"
-                lo = 0.5 if policy == "slo" else 0.1  # slo holds 99 % at 0.8 (targets part)
-                row[name] = node_goodput(sc, policy, degree, lo=lo, tol=0.02)
+                lo = (args.lo or 0.5) if policy == "slo" else 0.1
+                row[name] = node_goodput(sc, policy, degree, lo=lo, hi=args.hi, tol=0.02)
                 print(f"{wl}: goodput {name} {row[name]:.3f}", flush=True)
             rows.append(row)
     else:
