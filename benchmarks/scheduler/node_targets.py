@@ -94,12 +94,15 @@ def main() -> None:
     parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (goodput)")
     parser.add_argument("--loads", help="comma list of loads (others, sweep)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
+    parser.add_argument("--requests", type=int, help="requests per seed (default 2,000)")
     parser.add_argument("--lo", type=float, help="goodput: lowest load of slo's bisection")
     parser.add_argument("--hi", type=float, default=1.2, help="goodput: highest load")
     args = parser.parse_args()
     n, seeds, held = (300, range(2), range(5, 7)) if args.quick else (2000, range(5), range(5, 10))
     if args.seeds:
         seeds = range(args.seeds)
+    if args.requests:
+        n = args.requests
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
