@@ -80,6 +80,7 @@ class ReplicaLoad:
     speed: float = 1.0
     devices: int = 1
     due: tuple[tuple[float, float, int], ...] = ()
+    live: frozenset[str] = frozenset()
 
     @property
     def earliest_slack_s(self) -> float | None:
@@ -92,7 +93,8 @@ class ReplicaLoad:
                 "slack_s": list(self.slack_s), "free_pages": self.free_pages,
                 "total_pages": self.total_pages, "ongoing": self.ongoing,
                 "reported_at": self.reported_at, "speed": self.speed,
-                "devices": self.devices, "due": [list(d) for d in self.due]}
+                "devices": self.devices, "due": [list(d) for d in self.due],
+                "live": sorted(self.live)}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplicaLoad:
@@ -107,7 +109,8 @@ class ReplicaLoad:
                        speed=float(data.get("speed", 1.0)),
                        devices=int(data.get("devices", 1)),
                        due=tuple((float(d), float(w), int(p))
-                                 for d, w, p in data.get("due", ())))
+                                 for d, w, p in data.get("due", ())),
+                       live=frozenset(str(i) for i in data.get("live", ())))
         except KeyError as exc:
             raise ValueError(f"routing stats: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
@@ -153,17 +156,29 @@ class Sent:
 
 @dataclass(slots=True)
 class RoutingBook:
-    """Requests routed to each replica and not yet covered by one of its reports."""
+    """Requests routed to each replica and not yet covered by one of its reports.
+
+    ``transit_s``: how long a routed request may take to reach its replica's engine. A
+    report made within that time after a request was sent covers it only if it lists the
+    request among its ``live`` ids; otherwise the request was still on its way when the
+    replica reported (it would vanish from both the report and the book, and the replica
+    would look idle). 0 (the simulator, whose replicas receive a request the instant it
+    is routed): every report covers what was sent before it."""
 
     sent: dict[str, list[Sent]] = field(default_factory=dict)
+    transit_s: float = 0.0
 
     def record(self, replica: str, request: RouteRequest, now: float) -> None:
         self.sent.setdefault(replica, []).append(Sent(request, now))
 
-    def since(self, replica: str, reported_at: float) -> list[Sent]:
-        """What was sent to ``replica`` at or after ``reported_at``; older entries are
-        dropped (the report counts them)."""
-        entries = [s for s in self.sent.get(replica, ()) if s.sent_at >= reported_at]
+    def since(self, replica: str, reported_at: float,
+              live: frozenset[str] = frozenset()) -> list[Sent]:
+        """What was sent to ``replica`` and is not in its report of ``reported_at``
+        (sent at or after it, or in transit then: see the class docstring); entries the
+        report covers are dropped."""
+        entries = [s for s in self.sent.get(replica, ())
+                   if s.sent_at >= reported_at
+                   or (s.sent_at >= reported_at - self.transit_s and s.request.id not in live)]
         if entries:
             self.sent[replica] = entries
         else:
@@ -263,7 +278,8 @@ def score(req: RouteRequest, est: Estimate, now: float) -> Score:
 def rank_replicas(req: RouteRequest, loads: Sequence[ReplicaLoad], book: RoutingBook,
                   now: float) -> list[Score]:
     """The replicas ``loads`` names, best first, by the ditmem rule (module docstring)."""
-    scores = [score(req, estimate(load, book.since(load.replica, load.reported_at), now), now)
+    scores = [score(req, estimate(load, book.since(load.replica, load.reported_at, load.live),
+                                  now), now)
               for load in loads]
     order = sorted(range(len(scores)),
                    key=lambda i: (scores[i].tier, scores[i].key, scores[i].total_s,
@@ -312,7 +328,8 @@ class PowerOfTwo:
         if not loads:
             raise ValueError("loads: no replica to route to")
         picks = self.rng.sample(range(len(loads)), min(2, len(loads)))
-        ongoing = [estimate(loads[i], book.since(loads[i].replica, loads[i].reported_at),
+        ongoing = [estimate(loads[i], book.since(loads[i].replica, loads[i].reported_at,
+                                                 loads[i].live),
                             now).ongoing for i in picks]
         pick = loads[picks[ongoing.index(min(ongoing))]].replica
         book.record(pick, req, now)
@@ -343,10 +360,12 @@ def make_router(name: str, seed: int = 0):
 
 def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages: int,
             total_pages: int, now: float, speed: float = 1.0,
-            devices: int = 1) -> ReplicaLoad:
+            devices: int = 1, ids: Sequence[str] = ()) -> ReplicaLoad:
     """A replica's report from its live requests, each ``(priority, deadline,
     remaining_s)``: backlog by priority; each class's least slack when the backlog runs
-    earliest deadline first (deadline minus that finish); ``due`` (module docstring)."""
+    earliest deadline first (deadline minus that finish); ``due`` (module docstring);
+    ``ids``: the live requests' ids (what :class:`RoutingBook` checks in-transit entries
+    against)."""
     backlog = [0.0, 0.0, 0.0]
     slack: list[float | None] = [None, None, None]
     for priority, _, _ in items:
@@ -367,4 +386,4 @@ def load_of(replica: str, items: Sequence[tuple[int, float, float]], free_pages:
                                      min(p for _, _, p in rest))]
     return ReplicaLoad(replica, (backlog[0], backlog[1], backlog[2]),
                        (slack[0], slack[1], slack[2]), free_pages, total_pages, len(items),
-                       now, speed, devices, tuple(due))
+                       now, speed, devices, tuple(due), frozenset(ids))

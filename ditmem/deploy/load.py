@@ -33,7 +33,8 @@ def replica_load(engine, replica: str, wall_now: float | None = None) -> Replica
         items.append((sched.priority, sched.deadline + offset, remaining))
     stats = engine.stats()
     speed = engine.cost.correction(engine.model)
-    return load_of(replica, items, stats.pages_free, engine.pool.num_pages, wall, speed)
+    return load_of(replica, items, stats.pages_free, engine.pool.num_pages, wall, speed,
+                   ids=[job.id for job in jobs])
 
 
 def live_progress(engine) -> dict[str, float]:

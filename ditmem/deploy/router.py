@@ -22,6 +22,10 @@ from ditmem.scheduler.routing import ReplicaLoad, RouteRequest, RoutingBook, ran
 
 log = logging.getLogger(__name__)
 
+#: Seconds a routed request may take to reach its replica's engine (Ray's queues, a busy
+#: replica's event loop): a report that soon after the send must list it to cover it.
+TRANSIT_S = 10.0
+
 
 def route_of(pending: PendingRequest | None) -> RouteRequest | None:
     """The ``route`` the ingress put in a ``generate`` job, None for other calls."""
@@ -60,7 +64,7 @@ class DitmemRequestRouter(RequestRouter):
     """Ranks the replicas by :func:`ditmem.scheduler.routing.rank_replicas`."""
 
     def initialize_state(self, **kwargs) -> None:
-        self.book = RoutingBook()
+        self.book = RoutingBook(transit_s=kwargs.get("transit_s", TRANSIT_S))
         self.clock = kwargs.get("clock", time.time)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],

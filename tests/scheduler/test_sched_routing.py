@@ -49,6 +49,32 @@ def test_estimate_adds_what_was_sent_after_the_report_and_drops_older():
     assert book.since("a", reported_at=6.5) == []
 
 
+def test_a_request_in_transit_when_its_replica_reported_still_counts():
+    # Sent at 4.0, reported at 5.0 without it (it had not reached the engine yet): with a
+    # transit allowance the book keeps it until a report lists it among its live ids.
+    book = RoutingBook(transit_s=10.0)
+    book.record("a", req(40.0, 100.0, rid="big"), now=4.0)
+    book.record("a", req(1.0, 100.0, rid="old"), now=-20.0)  # older than any transit
+    assert [s.request.id for s in book.since("a", 5.0)] == ["big"]
+    busy = load("a", at=5.0)
+    ranked = rank_replicas(req(1.0, 100.0, rid="small"), [busy, load("b", at=5.0)], book, 5.0)
+    assert ranked[0].replica == "b"
+    # A later report that lists it covers it: no double count.
+    listed = load_of("a", [(1, 100.0, 39.0)], 100, 100, 6.0, ids=["big"])
+    assert listed.live == frozenset({"big"})
+    assert book.since("a", 6.0, listed.live) == []
+    # Without the allowance (the simulator: replicas receive a request when it is routed)
+    # every report covers what was sent before it.
+    plain = RoutingBook()
+    plain.record("a", req(40.0, 100.0, rid="big"), now=4.0)
+    assert plain.since("a", 5.0) == []
+
+
+def test_live_ids_survive_the_stats_round_trip():
+    rep = load_of("a", [(0, 50.0, 2.0)], 10, 100, 1.0, ids=["x", "y"])
+    assert ReplicaLoad.from_dict(rep.as_dict()).live == frozenset({"x", "y"})
+
+
 def test_comfortably_on_time_everywhere_means_the_least_total_work_wins():
     # a: 10 s due at 50 runs first, the request finishes at 11 (89 s to spare of 100);
     # b: 20 s due at 190, the request runs first and finishes at 1: both comfortable, and
