@@ -203,9 +203,14 @@ def goodput(
     """Highest load (in [lo, hi], to ``tol``) at which attainment stays ≥ ``target``, by
     bisection (attainment is taken as falling with load). 0.0 if even ``lo`` fails."""
 
-    def holds(load: float) -> bool:
-        return run_point(scenario, policy, load)["slo_attainment"] >= target
+    return highest_load(
+        lambda load: run_point(scenario, policy, load)["slo_attainment"] >= target,
+        lo, hi, tol)
 
+
+def highest_load(holds: Callable[[float], bool], lo: float, hi: float, tol: float) -> float:
+    """The highest load in ``[lo, hi]`` (to ``tol``) where ``holds(load)``, by bisection
+    (``holds`` taken as true below some load and false above); 0.0 if ``holds(lo)`` fails."""
     if not holds(lo):
         return 0.0
     if holds(hi):

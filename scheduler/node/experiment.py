@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..cost import CostModel
+from ..experiment import highest_load
 from ..metrics import summarize
 from ..noise import TimingNoise
 from ..request import Request
@@ -145,14 +146,7 @@ def node_goodput(
         row = run_node_point(scenario, policy, load, baseline_degree)
         return row["slo_attainment"] >= target
 
-    if not holds(lo):
-        return 0.0
-    if holds(hi):
-        return hi
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if holds(mid) else (lo, mid)
-    return round(lo, 4)
+    return highest_load(holds, lo, hi, tol)
 
 
 def node_bound(scenario: NodeScenario, load: float) -> dict:

@@ -212,3 +212,20 @@ def test_table_cost_cli_profile_path(tmp_path):
         _cli("--workload", "omni-preempt", "--device", str(prof), "--policy", "slo", "--quiet") == 0
     )
     assert table_cost().name == "test-table"
+
+
+def test_highest_load_bisects_to_the_edge_and_handles_both_ends():
+    from ditmem.scheduler.experiment import highest_load
+
+    calls = []
+
+    def below(edge):
+        def holds(load):
+            calls.append(load)
+            return load <= edge
+        return holds
+
+    got = highest_load(below(0.63), 0.05, 1.2, 0.01)
+    assert 0.62 <= got <= 0.63
+    assert highest_load(below(0.01), 0.05, 1.2, 0.01) == 0.0
+    assert highest_load(below(5.0), 0.05, 1.2, 0.01) == 1.2
