@@ -16,7 +16,7 @@ from ..metrics import summarize
 from ..noise import TimingNoise
 from ..request import Request
 from ..workloads import workload
-from .bound import clairvoyant_node_misses, min_node_misses
+from .bound import clairvoyant_node_misses, latency_bound, latency_floor, min_node_misses
 from .cost import NodeCost
 from .policies import STATIC, make_node_policy
 from .simulator import simulate_node
@@ -149,22 +149,34 @@ def node_goodput(
     return highest_load(holds, lo, hi, tol)
 
 
-def node_bound(scenario: NodeScenario, load: float) -> dict:
+def node_bound(scenario: NodeScenario, load: float, *, latency: bool = False) -> dict:
     """The bound and the clairvoyant reference at ``load`` over the scenario's seeds:
-    ``{"requests", "bound_attainment", "clairvoyant_attainment"}`` (pooled)."""
+    ``{"requests", "bound_attainment", "clairvoyant_attainment"}`` (pooled); with
+    ``latency``, also the latency bounds no schedule beats on the pooled requests:
+    ``p95_floor_s`` (the P95 of each request's least latency) and ``p95_bound_s``,
+    ``p99_bound_s``, ``max_bound_s`` (the floor with the node's capacity; bound.py)."""
     total = lower = clair = 0
     node = scenario.node()
+    traces = []
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
+        traces.append(reqs)
         ncost = NodeCost(scenario.cost)
         total += len(reqs)
         lower += min_node_misses(reqs, ncost, scenario.devices, node.degrees)
         clair += clairvoyant_node_misses(reqs, ncost, scenario.devices)
-    return {
+    out = {
         "requests": total,
         "bound_attainment": 1 - lower / total,
         "clairvoyant_attainment": 1 - clair / total,
     }
+    if latency:
+        ncost = NodeCost(scenario.cost)
+        pooled = [r for t in traces for r in t]
+        out["p95_floor_s"] = latency_floor(pooled, ncost, node.degrees, 95)
+        for key, q in (("p95_bound_s", 95), ("p99_bound_s", 99), ("max_bound_s", 100)):
+            out[key] = latency_bound(traces, ncost, scenario.devices, node.degrees, q)
+    return out
 
 
 def bound_goodput(scenario: NodeScenario, *, target: float = 0.99, lo: float = 0.05,
