@@ -71,7 +71,7 @@ class DeviceWorker:
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, command) -> cmd.Reply:
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu, proc = time.perf_counter(), time.thread_time(), time.process_time()
         try:
             handler = getattr(self, "_" + type(command).__name__.lower())
             value = handler(command)
@@ -82,7 +82,8 @@ class DeviceWorker:
             value, ok = None, False
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         return cmd.Reply(self.index, ok, value, error, time.perf_counter() - start,
-                         self.pool.num_used_pages, time.thread_time() - cpu)
+                         self.pool.num_used_pages, time.thread_time() - cpu,
+                         time.process_time() - proc)
 
     def _part(self, request_id: str) -> Part:
         try:
