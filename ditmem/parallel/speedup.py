@@ -8,8 +8,9 @@ consecutive steps at each degree (as a scheduled job does) on the next aligned g
 each size (devices 0, 1, 0, ... at degree 1, so no degree is tied to a core that other jobs
 happen to load more); round 0 warms every degree and group up and is not kept. A round's
 ratio is (degree-1 time / degree-d time), both sides of it seeing the same machine; the
-speed-up is the median over rounds. Rounds go on past the minimum while the ratios spread
-more than ``spread_limit`` (interquartile range / median), up to ``max_rounds``.
+speed-up is the median over rounds. Rounds go on past the minimum while that median is
+pinned down worse than ``spread_limit`` (:func:`spread`: relative half-width of its ~90 %
+confidence interval), up to ``max_rounds``.
 
 Three clocks, all from the workers' replies: ``wall`` (slowest rank's wall time for the
 step commands), ``cpu`` (largest rank's main-thread CPU time: the thread running the model
@@ -24,6 +25,7 @@ refuses (``CalibrationError``) when the second measurement fails too, saying why
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from concurrent.futures import wait
@@ -35,8 +37,9 @@ log = logging.getLogger(__name__)
 
 PROMPT = "a lighthouse on a cliff at dusk, oil painting"
 
-#: per-round ratios of one (size, degree) may spread this much: (q3 - q1) / median
-SPREAD_LIMIT = 0.15
+#: the median of one (size, degree)'s per-round ratios must be pinned down this well:
+#: half-width of its confidence interval / median (:func:`spread`)
+SPREAD_LIMIT = 0.10
 #: at the largest size, the ranks of a degree-d step may together use this many times the
 #: degree-1 step's CPU time (busy-time clocks only): more means they ran slower per unit
 #: of work than degree 1 did (a core shared with another job, a hyperthread sibling, a
@@ -63,13 +66,20 @@ def degrees_of(num_devices: int) -> list[int]:
 
 
 def spread(values: list[float]) -> float:
-    """Relative spread of ``values``: interquartile range / median (0.0 for fewer than
-    two values)."""
-    if len(values) < 2:
+    """How well ``values`` pin their median down: the half-width of a distribution-free
+    confidence interval of the median (order statistics ``x_(k)`` .. ``x_(n+1-k)``, ``k``
+    the largest with P(Binomial(n, 1/2) < k) <= 5 %, so >= 90 % coverage from 5 values on;
+    ``k = 1``, the range, below that), relative to the median. 0.0 for fewer than two."""
+    n = len(values)
+    if n < 2:
         return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    med = statistics.median(values)
-    return (q3 - q1) / med if med > 0 else float("inf")
+    k, below = 1, 0.5 ** n  # below = P(B < k + 1) for the candidate k + 1
+    while k + 1 <= n // 2 and below + math.comb(n, k) * 0.5 ** n <= 0.05:
+        below += math.comb(n, k) * 0.5 ** n
+        k += 1
+    xs = sorted(values)
+    med = statistics.median(xs)
+    return (xs[n - k] - xs[k - 1]) / 2 / med if med > 0 else float("inf")
 
 
 def _steps(node, rid: str, group: tuple[int, ...], steps: int) -> dict[str, float]:
@@ -109,9 +119,9 @@ def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
     """Rows for every side and degree on ``node`` (a ``NodeEngine``):
     ``{"side", "tokens", "degree", "step_ms", "cpu_ms", "process_ms" (medians of one
     step), "speedup", "cpu_speedup", "process_speedup" (wall / cpu / process clocks),
-    "spread" (of ``clock``'s per-round ratios), "work_inflation" (every rank's CPU time /
-    degree 1's, median), "control_ms", "rounds", "ratios" (``clock``'s per-round
-    ratios)}``. At least ``rounds`` rounds per side; more while ``clock``'s ratios spread
+    "spread" (:func:`spread` of ``clock``'s per-round ratios), "work_inflation" (every
+    rank's CPU time / degree 1's, median), "control_ms", "rounds", "ratios" (``clock``'s
+    per-round ratios)}``. At least ``rounds`` rounds per side; more while the spread is
     above ``spread_limit``, up to ``max_rounds`` (default ``3 * rounds``).
     ``tokens_for(side)`` names the token count (default ``(side / 16) ** 2``)."""
     if clock not in CLOCKS:
@@ -180,7 +190,7 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
     * a degree slower than degree 1 at the largest size (the split share of a step grows
       with tokens; at the largest size every earlier measurement here gained);
     * a speed-up above the degree (beyond ``SUPERLINEAR_SLACK``);
-    * per-round ratios spreading above ``spread_limit``;
+    * a median pinned down worse than ``spread_limit`` (:func:`spread`);
     * on the busy-time clocks (cpu, process), the ranks of a step at the largest size
       together using more than ``inflation_limit`` × degree 1's CPU time for the same
       work: they ran slower per unit of work, so the table measures the machine's
@@ -200,8 +210,8 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
         if s > d * SUPERLINEAR_SLACK:
             problems.append(f"{where}: x{s:.2f}, above the degree")
         if r["spread"] > spread_limit:
-            problems.append(f"{where}: per-round ratios spread {100 * r['spread']:.0f} % "
-                            f"(limit {100 * spread_limit:.0f} %) over {r['rounds']} rounds")
+            problems.append(f"{where}: median uncertain by +-{100 * r['spread']:.0f} % "
+                            f"(limit {100 * spread_limit:.0f} %) after {r['rounds']} rounds")
         if (clock != "wall" and r["tokens"] == largest
                 and r["work_inflation"] > inflation_limit):
             problems.append(f"{where}: the ranks used {r['work_inflation']:.2f} x degree 1's "
@@ -214,8 +224,8 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
 def describe(rows: list[dict], clock: str = "cpu") -> list[str]:
     """One line per (side, degree > 1): speed-up on every clock, spread, rounds."""
     return [f"  {r['side']}x{r['side']} ({r['tokens']} tokens) degree {r['degree']}: "
-            f"x{r[CLOCKS[clock]]:.2f} on {clock} time, spread {100 * r['spread']:.0f} % "
-            f"over {r['rounds']} rounds (cpu x{r['cpu_speedup']:.2f}, process "
+            f"x{r[CLOCKS[clock]]:.2f} on {clock} time +-{100 * r['spread']:.0f} % "
+            f"({r['rounds']} rounds (cpu x{r['cpu_speedup']:.2f}, process "
             f"x{r['process_speedup']:.2f}, wall x{r['speedup']:.2f}; "
             f"{r['step_ms']:.1f} ms wall per step, ranks' work x{r['work_inflation']:.2f})"
             for r in rows if r["degree"] > 1]
