@@ -282,7 +282,8 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
     if "wan" in args.model.lower():
-        print("ditmem demo: --devices > 1 runs Qwen-Image models only", file=sys.stderr)
+        print("ditmem demo: --devices > 1 replays an image workload (seed-mix): Qwen-Image "
+              "models only", file=sys.stderr)
         return 2
     if args.profile != "measure" and not os.path.isfile(args.profile):
         print(f"ditmem demo --devices: --profile {args.profile}: expected 'measure' or a "

@@ -36,9 +36,6 @@ def check_device_arguments(args, device_count: int | None = None) -> str | None:
         return f"--devices must be >= 1, got {args.devices}"
     if args.devices > cores:
         return f"--devices {args.devices} exceeds the {cores} devices (cores) of this machine"
-    if args.devices > 1 and "wan" in args.model.lower():
-        return ("--devices > 1: sequence-parallel steps in the node engine are implemented "
-                "for Qwen-Image models only")
     try:
         sides = [int(s) for s in args.parallel_sides.split(",")]
     except ValueError:
@@ -65,7 +62,8 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
     with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
                     host_pages=64) as node:
         rows = calibrate(node, sides, max(5, args.repeats), clock=args.parallel_clock,
-                         tokens_for=lambda s: tokens_for(key, s, s, args.frames), report=log)
+                         tokens_for=lambda s: tokens_for(key, s, s, args.frames),
+                         frames=args.frames, report=log)
         peer = node.peer_link_rate((0, 1))
     rounds = sorted({r["rounds"] for r in rows})
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

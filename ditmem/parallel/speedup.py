@@ -45,6 +45,10 @@ SPREAD_LIMIT = 0.10
 #: of work than degree 1 did (a core shared with another job, a hyperthread sibling, a
 #: peer spinning while it waits), not that the model's work failed to split
 WORK_INFLATION_LIMIT = 1.35
+#: at the largest size, the ranks of a degree-d step hold equal shares (within one row),
+#: so their CPU times may differ by this factor, no more: beyond it one core was slower
+#: (another job on it) and the slowest rank set the measured step
+IMBALANCE_LIMIT = 1.3
 #: a speed-up may exceed the degree by this factor (timing noise), no more
 SUPERLINEAR_SLACK = 1.05
 
@@ -104,6 +108,7 @@ def _steps(node, rid: str, group: tuple[int, ...], steps: int) -> dict[str, floa
         control += took - max(r.seconds for r in replies.values())
     out = {clock: max(t[key] for t in totals.values()) for clock, key in _REPLY_CLOCK.items()}
     out["cpu_sum"] = sum(t["cpu_seconds"] for t in totals.values())
+    out["cpu_min"] = min(t["cpu_seconds"] for t in totals.values())
     out["control"] = control / steps
     return out
 
@@ -114,16 +119,18 @@ def _ratios(samples: dict[int, list[dict]], degree: int, clock: str) -> list[flo
 
 def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
                      max_rounds: int | None = None, clock: str = "cpu",
-                     spread_limit: float = SPREAD_LIMIT, tokens_for=None,
+                     spread_limit: float = SPREAD_LIMIT, tokens_for=None, frames: int = 1,
                      progress=None) -> list[dict]:
     """Rows for every side and degree on ``node`` (a ``NodeEngine``):
     ``{"side", "tokens", "degree", "step_ms", "cpu_ms", "process_ms" (medians of one
     step), "speedup", "cpu_speedup", "process_speedup" (wall / cpu / process clocks),
     "spread" (:func:`spread` of ``clock``'s per-round ratios), "work_inflation" (every
-    rank's CPU time / degree 1's, median), "control_ms", "rounds", "ratios" (``clock``'s
+    rank's CPU time / degree 1's, median), "imbalance" (largest / smallest rank CPU time,
+    median), "control_ms", "rounds", "ratios" (``clock``'s
     per-round ratios)}``. At least ``rounds`` rounds per side; more while the spread is
     above ``spread_limit``, up to ``max_rounds`` (default ``3 * rounds``).
-    ``tokens_for(side)`` names the token count (default ``(side / 16) ** 2``)."""
+    ``tokens_for(side)`` names the token count (default ``(side / 16) ** 2``); ``frames``:
+    of each request (video models)."""
     if clock not in CLOCKS:
         raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
     if rounds < 1 or steps < 1:
@@ -134,7 +141,7 @@ def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
     rows = []
     for side in sides:
         rid = f"speedup-{side}"
-        request = GenerationRequest(PROMPT, width=side, height=side,
+        request = GenerationRequest(PROMPT, width=side, height=side, num_frames=frames,
                                     num_inference_steps=steps * (max_rounds + 1) * len(degrees),
                                     guidance_scale=1.0, seed=side, request_id=rid)
         if not node.encode(request, 0):
@@ -176,6 +183,7 @@ def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
                 "spread": spread(ratios),
                 "work_inflation": statistics.median(
                     s["cpu_sum"] / b for s, b in zip(mine, base_cpu, strict=True)),
+                "imbalance": statistics.median(s["cpu"] / s["cpu_min"] for s in mine),
                 "control_ms": 1000 * statistics.median(s["control"] for s in mine),
                 "rounds": len(mine), "ratios": [round(x, 4) for x in ratios],
             })
@@ -184,7 +192,8 @@ def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
 
 def check_speedups(rows: list[dict], clock: str = "cpu", *,
                    spread_limit: float = SPREAD_LIMIT,
-                   inflation_limit: float = WORK_INFLATION_LIMIT) -> list[str]:
+                   inflation_limit: float = WORK_INFLATION_LIMIT,
+                   imbalance_limit: float = IMBALANCE_LIMIT) -> list[str]:
     """What makes rows of :func:`measure_speedups` implausible on ``clock`` (empty: none):
 
     * a degree slower than degree 1 at the largest size (the split share of a step grows
@@ -194,7 +203,9 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
     * on the busy-time clocks (cpu, process), the ranks of a step at the largest size
       together using more than ``inflation_limit`` × degree 1's CPU time for the same
       work: they ran slower per unit of work, so the table measures the machine's
-      contention at that moment, not the split.
+      contention at that moment, not the split;
+    * at the largest size, one rank using more than ``imbalance_limit`` × another's CPU
+      time for its equal share (one core was slower; the step waited for it).
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
@@ -218,6 +229,10 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
                             f"CPU time for the same step (limit {inflation_limit:.2f}): they "
                             "ran slower per unit of work (contention), not a split that "
                             "fails")
+        if r["tokens"] == largest and r.get("imbalance", 1.0) > imbalance_limit:
+            problems.append(f"{where}: one rank used {r['imbalance']:.2f} x the other's CPU "
+                            f"time for an equal share (limit {imbalance_limit:.2f}): one core "
+                            "was slower")
     return problems
 
 
@@ -227,7 +242,8 @@ def describe(rows: list[dict], clock: str = "cpu") -> list[str]:
             f"x{r[CLOCKS[clock]]:.2f} on {clock} time +-{100 * r['spread']:.0f} % "
             f"({r['rounds']} rounds (cpu x{r['cpu_speedup']:.2f}, process "
             f"x{r['process_speedup']:.2f}, wall x{r['speedup']:.2f}; "
-            f"{r['step_ms']:.1f} ms wall per step, ranks' work x{r['work_inflation']:.2f})"
+            f"{r['step_ms']:.1f} ms wall per step, ranks' work x{r['work_inflation']:.2f}, "
+            f"rank imbalance x{r['imbalance']:.2f})"
             for r in rows if r["degree"] > 1]
 
 
