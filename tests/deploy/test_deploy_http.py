@@ -2,7 +2,8 @@
 the HTTP ingress. Requests spread by backlog (not by count), refusals keep their status,
 /health and /metrics add the replicas up with per-replica labels, and a replica killed
 mid-request costs the client nothing: the request is re-routed and its image equals a
-single-device run's."""
+single-device run's; a parked request ordered off its replica moves through the object
+store to the other and the client gets one response, resumed at the step it left."""
 
 from __future__ import annotations
 
@@ -34,9 +35,13 @@ SMALL = {"prompt": "a red fox", "size": "64x64", "num_inference_steps": 2}
 @pytest.fixture(scope="module")
 def app():
     from ditmem.deploy.app import DeployOptions
+    from ditmem.deploy.replica import MoveOptions
 
+    # The rebalancer carries out ordered moves only: the routing tests count where
+    # requests were sent, which a move of the rule's would add to.
     opts = DeployOptions(replicas=2, devices_per_replica=0.5, stats_period_s=0.5,
-                         post_period_s=0.25, reroutes=2, health_check_period_s=1.0)
+                         post_period_s=0.25, reroutes=2, health_check_period_s=1.0,
+                         moves=MoveOptions(period_s=0.2, rule=False))
     with ray_app(CONFIG, opts, num_cpus=2) as url:
         yield url
 
@@ -184,3 +189,60 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(app, reference):
     # Serve replaces the dead replica (its health checks fail): two up again.
     wait_for(lambda: sum(r["up"] and r["replica"] != victim["replica"]
                          for r in replicas(app)) >= 2, 240, "no replacement replica")
+
+
+def board_reports():
+    from ray import serve
+
+    return serve.get_deployment_handle("board", app_name="ditmem").snapshot.remote().result()
+
+
+@pytest.mark.timeout(420)
+def test_a_parked_request_moved_to_the_other_replica_resumes_there(app, reference):
+    from ray import serve
+
+    # ~6 s alone by the profile (the replicas' half CPUs run slower): time to order it off
+    body = dict(BIG, size="768x768", num_inference_steps=100, seed=41)
+    text = httpx.get(f"{app}/metrics", timeout=10).text
+    moved, failed = metric(text, "ditmem_moved_total"), metric(text, "ditmem_move_failed_total")
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(resp=post(app, body, 300)))
+    thread.start()
+
+    def running():
+        for name, report in board_reports().items():
+            for rid, done in report["progress"].items():
+                if 0 < done < 0.5:
+                    return name, rid
+        return None
+
+    source, rid = wait_for(running, 60, "the request never started")
+    serve.get_deployment_handle("board", app_name="ditmem").order_move.remote(rid).result()
+    thread.join(300)
+    resp = out["resp"]
+    assert resp.status_code == 200, resp.text[:300]
+    timing = resp.json()["timing"]["requests"][0]
+    assert timing["id"] == rid
+    # Resumed, not restarted: the steps run on both replicas add up to the request's.
+    assert timing["steps"] == body["num_inference_steps"], timing
+    np.testing.assert_array_equal(png(resp.json()["data"][0]["b64_json"]), reference(body))
+    reports = board_reports()
+    log = [dict(e, replica=name) for name, r in reports.items() for e in r["moves"]["log"]
+           if e["id"] == rid]
+    outs = [e for e in log if e["dir"] == "out"]
+    ins = [e for e in log if e["dir"] == "in"]
+    assert len(outs) == len(ins) == 1, log
+    assert outs[0]["replica"] == source and ins[0]["replica"] != source
+    assert ins[0]["from"] == source
+    # the blob the adopter read is the one the exporter wrote, at the same step
+    assert ins[0]["digest"] == outs[0]["digest"]
+    assert 1 <= ins[0]["steps_done"] == outs[0]["steps_done"] < body["num_inference_steps"]
+    text = httpx.get(f"{app}/metrics", timeout=10).text
+    assert metric(text, "ditmem_moved_total") == moved + 1
+    assert metric(text, "ditmem_move_failed_total") == failed
+
+    def idle():  # no page left behind on either replica
+        stats = [r["stats"] for r in board_reports().values()]
+        return all(s["pages_used"] == 0 and s["host_pages_used"] == 0 for s in stats)
+
+    wait_for(idle, 10, "pages left in use after the move")
