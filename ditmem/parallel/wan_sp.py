@@ -30,6 +30,7 @@ from ditmem.models import wan_state as ws
 from ditmem.models.generator import check_step_states
 from ditmem.models.packing import pad_to_min
 from ditmem.models.wan_attention import PackedAttention, RopeTable
+from ditmem.models.wan_kv_cache import cached_text_kv
 from ditmem.models.wan_packed import PackedBatch, _modulate_
 from ditmem.models.wan_solver import unipc_step
 from ditmem.parallel.exchange import HeadExchange
@@ -38,10 +39,13 @@ from ditmem.parallel.token_rows import SHAPES, rows_of
 
 
 @torch.no_grad()
-def shard_batch(batch: PackedBatch, group, rank: int, degree: int,
-                num_heads: int) -> PackedBatch:
+def shard_batch(batch: PackedBatch, group, rank: int, degree: int, num_heads: int,
+                caches=None, model=None) -> PackedBatch:
     """This rank's part of a prepared batch (see module docstring); the hidden rows are
-    its shard ``[1, max(n, 16), dim]`` (zero padding after its n real rows)."""
+    its shard ``[1, max(n, 16), dim]`` (zero padding after its n real rows). ``caches``
+    (the requests' ``WanCrossKV``, with ``model`` their transformer): the rank's text K/V
+    are read from compacted copies of their blocks for its heads (what
+    ``wan_kv_cache.cached_text_kv(..., heads=)`` gives) instead of the whole arena."""
     lens = batch.layout.lengths
     rows, segments, first, done = [], [], 0, 0
     for (_tokens, cond), n in zip(batch.segments, lens, strict=True):
@@ -57,7 +61,10 @@ def shard_batch(batch: PackedBatch, group, rank: int, degree: int,
     rope = RopeTable(src.rope.cos.index_select(0, index.to(src.rope.cos.device)),
                      src.rope.sin.index_select(0, index.to(src.rope.sin.device)))
     exchange = HeadExchange.build(group, rank, degree, [lens], num_heads, hidden.device)
-    attention = PackedAttention(src.layout, rope, src.text, src.text_layout, src.cached,
+    cached = src.cached
+    if cached is not None and caches is not None:
+        cached = cached_text_kv(model, caches, lens, heads=exchange.heads)
+    attention = PackedAttention(src.layout, rope, src.text, src.text_layout, cached,
                                 exchange)
     return PackedBatch(hidden, batch.layout, batch.grids, batch.temb, batch.proj, segments,
                        attention, batch.blocks_done)
@@ -72,13 +79,18 @@ def forward_shard(adapter, requests: list[dict], group, rank: int,
     rank."""
     full = adapter.prepare(requests)
     heads = adapter.model.config.num_attention_heads
-    local = shard_batch(full, group, rank, degree, heads)
+    local = shard_batch(full, group, rank, degree, heads, _caches(requests), adapter.model)
     adapter.run_blocks(local, 0, adapter.num_blocks)
     ex = local.attention.exchange
     rows = ex.gather(local.hidden[0, : ex.local_rows[0]])
     full.hidden = pad_to_min(rows).unsqueeze(0)
     full.blocks_done = local.blocks_done
     return adapter.finish(full)
+
+
+def _caches(requests: list[dict]):
+    """The requests' cached text K/V (``None`` when they carry packed text)."""
+    return [kw["cross_kv"] for kw in requests] if "cross_kv" in requests[0] else None
 
 
 def unembed_rows(model, batch: PackedBatch) -> list[torch.Tensor]:
@@ -135,9 +147,10 @@ def sharded_step(gen, states, group, rank: int, degree: int) -> None:
     preds: dict[int, list[torch.Tensor]] = {id(s): [] for s in states}
     for expert, items in jobs.items():
         adapter = gen.adapters[expert]
-        full = adapter.prepare([kw for _, kw in items])
-        local = shard_batch(full, group, rank, degree,
-                            adapter.model.config.num_attention_heads)
+        kws = [kw for _, kw in items]
+        full = adapter.prepare(kws)
+        local = shard_batch(full, group, rank, degree, adapter.model.config.num_attention_heads,
+                            _caches(kws), adapter.model)
         adapter.run_blocks(local, 0, adapter.num_blocks)
         for (s, _), rows in zip(items, unembed_rows(adapter.model, local), strict=True):
             preds[id(s)].append(rows)
