@@ -68,11 +68,14 @@ def run_node_point(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Simulate every seed at ``load`` under ``policy``; pooled metrics plus descriptors:
-    ``devices``, ``baseline_degree`` (static policies; None otherwise), ``steps_by_degree``
-    and, with ``scenario.per_request``, ``per_request`` = [{id, seed, width, height, frames,
-    priority, latency_s, met, degrees}]."""
+    ``devices``, ``baseline_degree`` (static policies; None otherwise), ``steps_by_degree``,
+    for a policy that makes FIFO promises (``slo``'s guard) ``promises_kept`` (fraction of
+    requests finished by their promise) and ``promise_late_max_s`` (the most any finished
+    after it; <= 0 when all were kept), and, with ``scenario.per_request``, ``per_request``
+    = [{id, seed, width, height, frames, priority, latency_s, met, degrees}]."""
     records, per_request = [], []
-    decisions = 0
+    decisions = kept = promised = 0
+    late_by = 0.0
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
         ncost = NodeCost(scenario.cost)
@@ -87,6 +90,14 @@ def run_node_point(
         )
         records += result.records
         decisions += result.decisions
+        promises = getattr(pol, "promises", None)
+        if promises:
+            for r in result.records:
+                due = promises.get(r.request.id)
+                if due is not None:
+                    promised += 1
+                    kept += r.finished <= due + 1e-9
+                    late_by = max(late_by, r.finished - due)
         if scenario.per_request:
             per_request += [
                 {
@@ -123,6 +134,9 @@ def run_node_point(
         "migrations": sum(r.migrations for r in records) / len(records),
         "steps_by_degree": dict(sorted(steps.items(), key=lambda kv: int(kv[0]))),
     }
+    if promised:
+        out["promises_kept"] = kept / promised
+        out["promise_late_max_s"] = late_by
     out.update(summarize(records))
     if scenario.per_request:
         out["per_request"] = per_request
