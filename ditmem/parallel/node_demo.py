@@ -85,14 +85,13 @@ def check_against_profile(rows: list[dict], profile: dict, key: str, log) -> lis
     single-device step for the same tokens (measured before, in the engine process):
     one line per size, logged; the lines off by more than ``TRACK_LIMIT`` are returned."""
     from ditmem.scheduler import CostModel
-    from ditmem.scheduler.node.cost import NodeCost
 
-    ncost = NodeCost(CostModel.from_dict(profile))
+    cost = CostModel.from_dict(profile)  # single-device: no parallel section needed yet
     off = []
     for r in rows:
         if r["degree"] != 1:
             continue
-        predicted = 1000 * ncost.step_time(key, [r["tokens"]], 1)
+        predicted = 1000 * cost.step_time(key, [r["tokens"]])
         ratio = r["step_ms"] / predicted
         line = (f"  degree-1 step on the workers at {r['tokens']} tokens: {r['step_ms']:.1f} "
                 f"ms vs the profile's {predicted:.1f} ms (x{ratio:.2f})")

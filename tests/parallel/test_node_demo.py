@@ -86,3 +86,25 @@ def test_tracked_devices_put_each_stage_beside_the_profile():
     assert out["steps d2"]["ratio"] == pytest.approx(1.8)   # ran at degree-1 speed
     assert out["steps d1"]["ratio"] == pytest.approx(1.0)
     assert out["steps d1"]["jobs"] == 1
+
+
+def test_workers_degree_one_step_is_checked_against_the_single_device_profile():
+    """Before the parallel section exists: the workers' degree-1 steps (wall) beside the
+    profile's single-device step for the same tokens; beyond x1.25 either way, called out."""
+    import json
+    from pathlib import Path
+
+    from ditmem.parallel.node_demo import check_against_profile
+    from ditmem.scheduler.cost import CostModel
+
+    path = Path(__file__).parents[2] / "benchmarks/parallel/results/demo_devices2_run4_profile.json"
+    profile = json.loads(path.read_text())
+    del profile["parallel"], profile["links"]
+    one = 1000 * CostModel.from_dict(profile).step_time("qwen-image", [4096])
+    rows = [{"degree": 1, "tokens": 4096, "step_ms": 1.1 * one},
+            {"degree": 2, "tokens": 4096, "step_ms": 0.1 * one},  # not a degree-1 row
+            {"degree": 1, "tokens": 256, "step_ms": 1000.0}]
+    lines = []
+    off = check_against_profile(rows, profile, "qwen-image", lines.append)
+    assert len(lines) == 2 and "(x1.10)" in lines[0]
+    assert off == [lines[1]] and "256 tokens" in off[0] and "machine changed" in off[0]
