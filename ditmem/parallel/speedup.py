@@ -240,7 +240,7 @@ def describe(rows: list[dict], clock: str = "cpu") -> list[str]:
     """One line per (side, degree > 1): speed-up on every clock, spread, rounds."""
     return [f"  {r['side']}x{r['side']} ({r['tokens']} tokens) degree {r['degree']}: "
             f"x{r[CLOCKS[clock]]:.2f} on {clock} time +-{100 * r['spread']:.0f} % "
-            f"({r['rounds']} rounds (cpu x{r['cpu_speedup']:.2f}, process "
+            f"({r['rounds']} rounds; cpu x{r['cpu_speedup']:.2f}, process "
             f"x{r['process_speedup']:.2f}, wall x{r['speedup']:.2f}; "
             f"{r['step_ms']:.1f} ms wall per step, ranks' work x{r['work_inflation']:.2f}, "
             f"rank imbalance x{r['imbalance']:.2f})"
