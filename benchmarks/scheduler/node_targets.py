@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="seeds per point (default 5; quick 2)")
     parser.add_argument("--workloads", help="comma list (goodput, others: default both)")
     parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (targets, "
-                        "heldout, goodput)")
+                        "heldout, others, goodput)")
     parser.add_argument("--loads", help="comma list of loads (others, sweep)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--requests", type=int, help="requests per seed (default 2,000)")
@@ -161,8 +161,9 @@ def main() -> None:
         rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), held, n, runs)
     elif args.part == "others":
         loads = tuple(float(x) for x in (args.loads or "0.7,0.8").split(","))
-        rows = points(("wan-mix",), loads, seeds, 100 if args.quick else 500)
-        rows += points(("video-image-mix",), loads, seeds, 200 if args.quick else 1000)
+        runs = chosen or RUNS
+        rows = points(("wan-mix",), loads, seeds, 100 if args.quick else 500, runs)
+        rows += points(("video-image-mix",), loads, seeds, 200 if args.quick else 1000, runs)
     elif args.part == "goodput":
         rows = []
         runs = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1), ("slo", 1)]
