@@ -534,3 +534,4 @@ class NodeSloPolicy(NodePolicy):
         super().observe(report)
         for rid in report.finished:
             self._static.pop(rid, None)
+            self.shadow.forget(rid)
