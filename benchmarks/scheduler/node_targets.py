@@ -36,15 +36,15 @@ from ditmem.scheduler.node.experiment import (
 RESULTS = Path(__file__).resolve().parent / "results"
 DEVICES = 8
 RUNS = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("fifo", 8), ("srtf", 1), ("elastic-np", 1),
-        ("slo-noguard", 1), ("slo", 1)]
+        ("slo", 1), ("slo-promise", 1)]
 HEAD = (
     f"{'policy':<12} {'workload':<16} {'load':>4} {'reqs':>6} {'att%':>7} {'p0%':>7} "
     f"{'P50':>7} {'P95':>7} {'P99':>7} {'max':>7} {'deg':>5}"
 )
 
 
-#: Run names that are a policy with options: slo without its FIFO promise (step 0).
-VARIANTS = {"slo-noguard": ("slo", {"guard": False})}
+#: Run names that are a policy with options: slo with its FIFO promise (step 0).
+VARIANTS = {"slo-promise": ("slo", {"guard": True})}
 
 
 def label(row: dict) -> str:
