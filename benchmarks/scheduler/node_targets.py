@@ -176,8 +176,13 @@ def main() -> None:
             print(f"{wl}: bound allows {row['bound']:.3f}", flush=True)
             for policy, degree in runs:
                 name = policy if policy != "fifo" else f"fifo d={degree}"
-                lo = (args.lo or 0.5) if policy == "slo" else 0.1
-                row[name] = node_goodput(sc, policy, degree, lo=lo, hi=args.hi, tol=0.02)
+                lo = (args.lo or 0.5) if policy.startswith("slo") else 0.1
+                gsc, base = sc, policy
+                if policy in VARIANTS:
+                    base, options = VARIANTS[policy]
+                    gsc = scenario(wl, seeds, n)
+                    gsc.policy_options = {base: options}
+                row[name] = node_goodput(gsc, base, degree, lo=lo, hi=args.hi, tol=0.02)
                 print(f"{wl}: goodput {name} {row[name]:.3f}", flush=True)
             rows.append(row)
     else:
