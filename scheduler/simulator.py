@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
+from .loop import run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
@@ -60,8 +61,31 @@ class SimResult:
     overhead_s: float = 0.0
 
 
+@dataclass(slots=True)
+class _Iteration:
+    """What the simulated device measured in one iteration (seconds, and who ran)."""
+
+    now: float
+    transfer_s: float = 0.0
+    encode_s: float = 0.0
+    step_s: float = 0.0
+    overhead_s: float = 0.0
+    decode_s: float = 0.0
+    moved: int = 0
+    charged: bool = False
+    encoded: list[Request] = field(default_factory=list)
+    members: list[RequestStatus] = field(default_factory=list)
+    model: str = ""
+    tokens: list[int] = field(default_factory=list)
+    blocks: int | None = None
+    finished: list[RequestStatus] = field(default_factory=list)
+
+
 class _Engine:
-    """The simulated device: pages, host pool, and the requests it holds."""
+    """The simulated device: pages, host pool, and the requests it holds. It implements
+    ``ditmem.scheduler.loop.Stages``: the plan's page moves are accounted when they start
+    and charged as one copy on the host link before the next stage that uses the device;
+    every duration is drawn by ``noise`` around ``cost`` (the truth)."""
 
     def __init__(
         self,
@@ -72,9 +96,12 @@ class _Engine:
         max_active: int | None,
         preemption: str = "step",
         noise: TimingNoise | None = None,
+        chunk_blocks: Callable[[list[Request]], int] | None = None,
+        inline_decode: bool = True,
     ):
         self.cost = cost
         self.preemption = preemption
+        self.noise = noise if noise is not None else TimingNoise(sigma=0.0)
         self.link = HostLink(cost, noise)
         self.parking = Parking(cost, self.link, page_bytes)
         self.parks: dict[str, int] = {}
@@ -88,6 +115,9 @@ class _Engine:
         self.waiting = WaitingQueue()
         self.active: dict[str, RequestStatus] = {}
         self.offloads: dict[str, int] = {}
+        self.chunk_blocks = chunk_blocks
+        self.inline_decode = inline_decode
+        self.it = _Iteration(0.0)
 
     def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
@@ -100,36 +130,103 @@ class _Engine:
             self.preemption,
         )
 
-    def execute(self, plan: StepPlan, now: float) -> tuple[float, int]:
-        """Apply the plan's offloads and restores; return (transfer seconds, pages moved)."""
-        moved = 0
-        for rid in plan.offload:
-            s = self._active(rid, "offload")
-            if s.location is not Location.DEVICE:
-                raise PlanError(f"offload of {rid!r}: it is not on the device")
-            if self.host_free < s.pages:
-                raise PlanError(f"offload of {rid!r}: host pool full")
-            s.location, self.free, self.host_free = (
-                Location.HOST,
-                self.free + s.pages,
-                self.host_free - s.pages,
-            )
-            self.offloads[rid] = self.offloads.get(rid, 0) + 1
-            moved += s.pages
-        for rid in plan.restore:
-            s = self._active(rid, "restore")
-            if s.location is not Location.HOST:
-                raise PlanError(f"restore of {rid!r}: it is not on the host")
-            if self.free < s.pages:
-                raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
-            s.location, self.free, self.host_free = (
-                Location.DEVICE,
-                self.free - s.pages,
-                self.host_free + s.pages,
-            )
-            moved += s.pages
-        pre = self.link.copy(now, moved * self.page_bytes) - now if moved else 0.0
-        return pre, moved
+    def begin(self, now: float) -> _Iteration:
+        """Start an iteration at ``now``; its measurements accumulate in the result."""
+        self.it = _Iteration(now)
+        return self.it
+
+    # ------------------------------------------------------------------ Stages
+    def start_offload(self, rid: str) -> None:
+        s = self._active(rid, "offload")
+        if s.location is not Location.DEVICE:
+            raise PlanError(f"offload of {rid!r}: it is not on the device")
+        if self.host_free < s.pages:
+            raise PlanError(f"offload of {rid!r}: host pool full")
+        s.location, self.free, self.host_free = (
+            Location.HOST,
+            self.free + s.pages,
+            self.host_free - s.pages,
+        )
+        self.offloads[rid] = self.offloads.get(rid, 0) + 1
+        self.it.moved += s.pages
+
+    def finish_offload(self, handle: object) -> None:
+        """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
+
+    def start_restore(self, rid: str) -> None:
+        s = self._active(rid, "restore")
+        if s.location is not Location.HOST:
+            raise PlanError(f"restore of {rid!r}: it is not on the host")
+        if self.free < s.pages:
+            raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
+        s.location, self.free, self.host_free = (
+            Location.DEVICE,
+            self.free - s.pages,
+            self.host_free + s.pages,
+        )
+        self.it.moved += s.pages
+
+    def finish_restore(self, handle: object) -> None:
+        """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
+
+    def encode(self, rids: list[str]) -> None:
+        self._charge_moves()
+        it, truth = self.it, self.cost
+        for rid in rids:
+            if rid not in self.waiting:
+                raise PlanError(f"admit of {rid!r}: not waiting")
+            req = self.waiting.get(rid)
+            pages = truth.pages_for(req, self.page_bytes)
+            if self.free < pages:
+                raise PlanError(f"admit of {rid!r}: needs {pages} pages, {self.free} free")
+            if self.max_active is not None and len(self.active) >= self.max_active:
+                raise PlanError(f"admit of {rid!r}: {self.max_active} requests already started")
+            self.waiting.remove(rid)
+            self.free -= pages
+            self.active[rid] = RequestStatus(req, started_at=it.now, pages=pages)
+            it.encode_s += self.noise.draw(truth.encode_time(req))
+            it.encoded.append(req)
+
+    def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
+        self._charge_moves()
+        it, truth = self.it, self.cost
+        members = [self._active(rid, "batch") for rid in rids]
+        it.members, it.model = members, _check_batch(members, truth)
+        it.tokens = [truth.tokens(s.request) for s in members]
+        if self.preemption == "block":
+            plan = StepPlan(batch=list(rids), blocks=blocks)
+            start = it.now + it.transfer_s
+            try:
+                out = run_chunk(self, plan, members, it.model, truth, self.chunk_blocks, start)
+            except BlockPlanError as exc:
+                raise PlanError(str(exc)) from exc
+            # The preemption point's overhead is not step compute (the cost model's feedback
+            # compares step_s with predicted block time).
+            it.transfer_s += out.wait_s
+            it.step_s, it.overhead_s = self.noise.draw(out.compute_s), out.overhead_s
+            stepped, it.blocks = out.stepped, out.blocks
+        else:
+            it.step_s = self.noise.draw(truth.step_time(it.model, it.tokens)) if members else 0.0
+            stepped = members
+        for s in stepped:
+            s.steps_done += 1
+            if s.steps_done == s.request.steps:
+                it.finished.append(s)
+        return [s.id for s in it.finished]
+
+    def decode(self, rids: list[str]) -> None:
+        if not self.inline_decode:
+            return  # the decode lane or the tiles run it after the iteration
+        for rid in rids:
+            self.it.decode_s += self.noise.draw(self.cost.decode_time(self.active[rid].request))
+
+    def _charge_moves(self) -> None:
+        """Charge the iteration's page moves as one copy on the host link (once)."""
+        it = self.it
+        if not it.charged:
+            it.charged = True
+            if it.moved:
+                it.transfer_s += self.link.copy(it.now, it.moved * self.page_bytes) - it.now
 
     def _active(self, rid: str, what: str) -> RequestStatus:
         s = self.active.get(rid)
@@ -190,7 +287,8 @@ def simulate(
             policy.cost.assign_deadline(r, slo_scale)
     page_bytes = truth.page_bytes if page_bytes is None else page_bytes
     eng = _Engine(
-        truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise
+        truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise,
+        policy.chunk_blocks, decode == "inline",
     )
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
@@ -262,47 +360,13 @@ def simulate(
             )
         if plan.blocks is not None and not block:
             raise PlanError("plan.blocks is only allowed with block-level preemption")
-        pre, moved = eng.execute(plan, now)
-        encode = 0.0
-        encoded = []
-        for rid in plan.admit:
-            if rid not in eng.waiting:
-                raise PlanError(f"admit of {rid!r}: not waiting")
-            req = eng.waiting.get(rid)
-            pages = truth.pages_for(req, page_bytes)
-            if eng.free < pages:
-                raise PlanError(f"admit of {rid!r}: needs {pages} pages, {eng.free} free")
-            if max_active is not None and len(eng.active) >= max_active:
-                raise PlanError(f"admit of {rid!r}: {max_active} requests already started")
-            eng.waiting.remove(rid)
-            eng.free -= pages
-            eng.active[rid] = RequestStatus(req, started_at=now, pages=pages)
-            encode += noise.draw(truth.encode_time(req))
-            encoded.append(req)
-        members = [eng._active(rid, "batch") for rid in plan.batch]
-        model = _check_batch(members, truth)
-        tokens = [truth.tokens(s.request) for s in members]
-        blocks_run, overhead = None, 0.0
-        if block:
-            try:
-                out = run_chunk(eng, plan, members, model, truth, policy.chunk_blocks, now + pre)
-            except BlockPlanError as exc:
-                raise PlanError(str(exc)) from exc
-            # The preemption point's overhead is not step compute (the cost model's feedback
-            # compares step_s with predicted block time).
-            pre, step, overhead = pre + out.wait_s, noise.draw(out.compute_s), out.overhead_s
-            stepped, blocks_run = out.stepped, out.blocks
-            chunks += 1 if members else 0
-        else:
-            step = noise.draw(truth.step_time(model, tokens)) if members else 0.0
-            stepped = members
-        decode, finished = 0.0, []
-        for s in stepped:
-            s.steps_done += 1
-            if s.steps_done == s.request.steps:
-                if lane is None and tiles is None:
-                    decode += noise.draw(truth.decode_time(s.request))
-                finished.append(s)
+        it = eng.begin(now)
+        run_stages(eng, offload=plan.offload, restore=plan.restore, admit=plan.admit,
+                   batch=plan.batch, blocks=plan.blocks)
+        pre, step, overhead, decode = it.transfer_s, it.step_s, it.overhead_s, it.decode_s
+        encode, encoded, members, model = it.encode_s, it.encoded, it.members, it.model
+        tokens, blocks_run, finished, moved = it.tokens, it.blocks, it.finished, it.moved
+        chunks += 1 if block and members else 0
         for rid in plan.pause:
             if rid in eng.active:
                 eng.active[rid].preemptions += 1
