@@ -25,6 +25,7 @@ from ditmem.scheduler import (
     StepReport,
     WaitingQueue,
 )
+from ditmem.scheduler.loop import run_stages
 
 
 class PlanExecutor:
@@ -44,6 +45,8 @@ class PlanExecutor:
         self.last_batch: tuple[str, ...] = ()
         self.held: set[str] = set()          # ids the current iteration's plan names
         self._blocks_run: int | None = None
+        self._report: StepReport | None = None  # the iteration's, while its stages run
+        self._worked = False
         self.stats = EngineStats()
         # decode off the step loop (worker threads, earliest deadline first), results handed
         # back through a queue
@@ -108,40 +111,12 @@ class PlanExecutor:
             return False
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
+        self._report, self._worked = report, False
         moved = self.stats.bytes_offloaded + self.stats.bytes_restored
         if self.blocks is not None:
             self.blocks.settle(self.active)
-            self.blocks.park_left_out(self.active, self.last_batch, plan.batch)
-        pending = [(job, self.stages.start_offload(job)) for job in self._ids(plan.offload)
-                   if job.status.location is Location.DEVICE]
-        # Transfers overlap the step on the copy stream when nothing in this iteration needs
-        # them: offloads are finished before the step only when restores/admits want their
-        # pages, restores only when their job steps now; the rest finish after the step.
-        later_offloads = [] if plan.restore or plan.admit else pending
-        for job, handle in pending if not later_offloads else ():
-            report.transfer_s += self._finish_offload(job, handle)
-        later_restores = []
-        for job in self._ids(plan.restore):
-            handle = self._start_restore(job)
-            if handle is None:
-                continue
-            if job.id in plan.batch:
-                self._finish_restore(job, handle, report)
-            else:
-                later_restores.append((job, handle))
-        for job_id in plan.admit:
-            self._admit(job_id, report)
-        batch = [self.active[i] for i in plan.batch if i in self.active
-                 and self.active[i].status.location is Location.DEVICE]
-        if batch and self.blocks is not None and not self.blocks.resume(batch):
-            batch = []  # no room to bring its activations back: the policy sees the pool
-        if batch:
-            self.publish(stepping=[j.id for j in batch])  # live while the step runs
-            self._step(batch, report, plan.blocks)
-        for job, handle in later_offloads:
-            report.transfer_s += self._finish_offload(job, handle)
-        for job, handle in later_restores:
-            self._finish_restore(job, handle, report)
+        run_stages(self, offload=plan.offload, restore=plan.restore, admit=plan.admit,
+                   batch=plan.batch, blocks=plan.blocks)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
         report.transfer_bytes = self.stats.bytes_offloaded + self.stats.bytes_restored - moved
@@ -149,8 +124,72 @@ class PlanExecutor:
         if observe is not None:
             observe(report)
         self.publish()
-        return bool(pending or later_restores or batch or report.encode_s
-                    or report.transfer_s)
+        return bool(self._worked or report.encode_s or report.transfer_s)
+
+    # ------------------------------------------------------------------ the loop's stages
+    # (``ditmem.scheduler.loop.Stages``: ``run_stages`` calls them in the loop's order)
+    def start_offload(self, job_id: str):
+        job = self.active.get(job_id)
+        if job is None or job.status.location is not Location.DEVICE:
+            return None
+        self._worked = True
+        return job, self.stages.start_offload(job)
+
+    def finish_offload(self, handle) -> None:
+        job, copy = handle
+        self._report.transfer_s += self._finish_offload(job, copy)
+
+    def start_restore(self, job_id: str):
+        job = self.active.get(job_id)
+        copy = None if job is None else self._start_restore(job)
+        if copy is None:
+            return None
+        self._worked = True
+        return job, copy
+
+    def finish_restore(self, handle) -> None:
+        job, copy = handle
+        self._finish_restore(job, copy, self._report)
+
+    def encode(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._admit(job_id, self._report)
+
+    def step(self, job_ids: list[str], steps: int, blocks: int | None) -> list[str]:
+        """One step (or chunk) of the plan's batch members that are on the device; the ids
+        whose last step ran. With block preemption a part-done step the batch does not
+        continue is parked first."""
+        if self.blocks is not None:
+            self.blocks.park_left_out(self.active, self.last_batch, job_ids)
+        batch = [self.active[i] for i in job_ids if i in self.active
+                 and self.active[i].status.location is Location.DEVICE]
+        if batch and self.blocks is not None and not self.blocks.resume(batch):
+            batch = []  # no room to bring its activations back: the policy sees the pool
+        if not batch:
+            return []
+        self._worked = True
+        self.publish(stepping=[j.id for j in batch])  # live while the step runs
+        stepped = self._step(batch, self._report, blocks)
+        return [j.id for j in stepped if self.stages.is_done(j)]
+
+    def decode(self, job_ids: list[str]) -> None:
+        """Decode finished jobs: as tiles on the loop, on the decode thread, or inline."""
+        report = self._report
+        for job in [self.active[i] for i in job_ids]:
+            if self.tiles is not None:
+                self._decode_tiled(job, report)
+            elif self.decoder is not None:
+                self._decode_async(job, report)
+            else:
+                try:
+                    output = self.stages.decode(job)
+                except Exception as exc:  # noqa: BLE001
+                    self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+                    continue
+                report.decode_s += job.timing.decode_s
+                report.decoded.append(job.sched)
+                report.finished.append(job.id)
+                self.finish(job, output=output)
 
     def fail_held(self, error_of) -> list[str]:
         """After an iteration raised: fail the jobs its plan named (``error_of(job_id)`` is
@@ -227,7 +266,10 @@ class PlanExecutor:
         seconds, self._blocks_run = self.blocks.run(jobs, k)
         return seconds
 
-    def _step(self, batch: list[Job], report: StepReport, blocks: int | None = None) -> None:
+    def _step(self, batch: list[Job], report: StepReport,
+              blocks: int | None = None) -> list[Job]:
+        """Run the batch's step; a failed step is retried request by request (the failed
+        ones finish with their error). Returns the jobs that stepped."""
         self._blocks_run = None
         try:
             seconds = self._run(batch, blocks)
@@ -246,21 +288,7 @@ class PlanExecutor:
         report.step_s = seconds
         report.blocks = self._blocks_run
         self.engine._notify_step(seconds, len(stepped))
-        for job in stepped:
-            if self.stages.is_done(job) and self.tiles is not None:
-                self._decode_tiled(job, report)
-            elif self.stages.is_done(job) and self.decoder is not None:
-                self._decode_async(job, report)
-            elif self.stages.is_done(job):
-                try:
-                    output = self.stages.decode(job)
-                except Exception as exc:  # noqa: BLE001
-                    self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
-                    continue
-                report.decode_s += job.timing.decode_s
-                report.decoded.append(job.sched)
-                report.finished.append(job.id)
-                self.finish(job, output=output)
+        return stepped
 
     def _decode_tiled(self, job: Job, report: StepReport) -> None:
         """Queue a finished job's decode as tiles; it keeps its pages until delivered."""
