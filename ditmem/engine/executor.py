@@ -160,7 +160,7 @@ class PlanExecutor:
         whose last step ran. With block preemption a part-done step the batch does not
         continue is parked first."""
         if self.blocks is not None:
-            self.blocks.park_left_out(self.active, self.last_batch, job_ids)
+            self.blocks.park_left_out(self.active, job_ids, blocks)
         batch = [self.active[i] for i in job_ids if i in self.active
                  and self.active[i].status.location is Location.DEVICE]
         if batch and self.blocks is not None and not self.blocks.resume(batch):
