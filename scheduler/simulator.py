@@ -30,7 +30,10 @@ class PlanError(RuntimeError):
 
 @dataclass(slots=True)
 class Record:
-    """The outcome of one request: when it arrived, started and finished (seconds)."""
+    """The outcome of one request: when it arrived, started and finished (seconds), how
+    often it was preempted, offloaded, parked inside a step (block preemption) and moved
+    between device groups (a node), and its steps per sequence-parallel degree (a node's
+    runs: ``{degree: steps}``; empty where the runner has one device)."""
 
     request: Request
     started: float
@@ -38,6 +41,8 @@ class Record:
     preemptions: int
     offloads: int
     parks: int = 0
+    migrations: int = 0
+    degrees: dict[int, int] = field(default_factory=dict)
 
     @property
     def latency(self) -> float:
