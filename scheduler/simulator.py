@@ -1,4 +1,8 @@
-"""``simulate``: a deterministic discrete-event replay of the engine loop on one device."""
+"""``simulate``: a deterministic discrete-event replay of the engine loop on one device.
+
+Each iteration runs through ``ditmem.scheduler.loop.run_stages``, the function the real
+engine's executor runs too; ``_Engine`` is its virtual device (pages, host link, durations
+drawn around the profile)."""
 
 from __future__ import annotations
 
@@ -147,13 +151,8 @@ class _Engine:
             raise PlanError(f"offload of {rid!r}: it is not on the device")
         if self.host_free < s.pages:
             raise PlanError(f"offload of {rid!r}: host pool full")
-        s.location, self.free, self.host_free = (
-            Location.HOST,
-            self.free + s.pages,
-            self.host_free - s.pages,
-        )
+        self._relocate(s, Location.HOST)
         self.offloads[rid] = self.offloads.get(rid, 0) + 1
-        self.it.moved += s.pages
 
     def finish_offload(self, handle: object) -> None:
         """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
@@ -164,12 +163,7 @@ class _Engine:
             raise PlanError(f"restore of {rid!r}: it is not on the host")
         if self.free < s.pages:
             raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
-        s.location, self.free, self.host_free = (
-            Location.DEVICE,
-            self.free - s.pages,
-            self.host_free + s.pages,
-        )
-        self.it.moved += s.pages
+        self._relocate(s, Location.DEVICE)
 
     def finish_restore(self, handle: object) -> None:
         """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
@@ -224,6 +218,12 @@ class _Engine:
             return  # the decode lane or the tiles run it after the iteration
         for rid in rids:
             self.it.decode_s += self.noise.draw(self.cost.decode_time(self.active[rid].request))
+
+    def _relocate(self, s: RequestStatus, to: Location) -> None:
+        """Account ``s``'s pages moving to ``to`` (the host or the device)."""
+        pages = s.pages if to is Location.HOST else -s.pages
+        s.location, self.free, self.host_free = to, self.free + pages, self.host_free - pages
+        self.it.moved += s.pages
 
     def _charge_moves(self) -> None:
         """Charge the iteration's page moves as one copy on the host link (once)."""

@@ -181,10 +181,8 @@ class PlanExecutor:
             elif self.decoder is not None:
                 self._decode_async(job, report)
             else:
-                try:
-                    output = self.stages.decode(job)
-                except Exception as exc:  # noqa: BLE001
-                    self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+                ok, output = self._attempt(job, "decode", self.stages.decode, job)
+                if not ok:
                     continue
                 report.decode_s += job.timing.decode_s
                 report.decoded.append(job.sched)
@@ -204,16 +202,21 @@ class PlanExecutor:
         self.last_batch = tuple(i for i in self.last_batch if i in self.active)
         return failed
 
-    def _ids(self, ids) -> list[Job]:
-        return [self.active[i] for i in ids if i in self.active]
+    def _attempt(self, job: Job, stage: str, fn, *args):
+        """``(True, fn(*args))``; or, when it raises, ``(False, None)`` after failing ``job``
+        alone (one request's failure is its own)."""
+        try:
+            return True, fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job.id}: {stage} failed: {exc!r}"))
+            return False, None
 
     def _finish_offload(self, job: Job, handle) -> float:
         """Finish an offload; returns the copy's own seconds (what the transfer cost)."""
-        try:
-            self.stats.bytes_offloaded += self.stages.finish_offload(job, handle)
-        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
-            self.finish(job, error=RequestFailed(f"{job.id}: offload failed: {exc!r}"))
+        ok, nbytes = self._attempt(job, "offload", self.stages.finish_offload, job, handle)
+        if not ok:
             return 0.0
+        self.stats.bytes_offloaded += nbytes
         job.status.location = Location.HOST
         job.timing.offloads += 1
         return handle.copy_s
@@ -222,18 +225,13 @@ class PlanExecutor:
         """Launch a restore: its handle, or None (not on the host, no room, or failed)."""
         if job.status.location is not Location.HOST:
             return None
-        try:
-            return self.stages.start_restore(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
-            return None
+        return self._attempt(job, "restore", self.stages.start_restore, job)[1]
 
     def _finish_restore(self, job: Job, handle, report: StepReport) -> None:
-        try:
-            self.stats.bytes_restored += self.stages.finish_restore(job, handle)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
+        ok, nbytes = self._attempt(job, "restore", self.stages.finish_restore, job, handle)
+        if not ok:
             return
+        self.stats.bytes_restored += nbytes
         job.status.location = Location.DEVICE
         report.transfer_s += handle.copy_s
 
@@ -241,10 +239,8 @@ class PlanExecutor:
         job = self.jobs.get(job_id)
         if job is None or len(self.active) >= self.engine.max_active:
             return
-        try:
-            ok = self.stages.encode(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job_id}: encode failed: {exc!r}"))
+        ran, ok = self._attempt(job, "encode", self.stages.encode, job)
+        if not ran:
             return
         report.encode_s += job.timing.encode_s
         report.encoded.append(job.sched)  # what the cost model's encode correction compares
@@ -277,11 +273,10 @@ class PlanExecutor:
         except Exception:  # noqa: BLE001 - find who failed, advance the others
             stepped, seconds = [], 0.0
             for job in batch:
-                try:
-                    seconds += self._run([job], blocks)
+                ok, alone = self._attempt(job, "step", self._run, [job], blocks)
+                if ok:
+                    seconds += alone
                     stepped.append(job)
-                except Exception as exc:  # noqa: BLE001
-                    self.finish(job, error=RequestFailed(f"{job.id}: step failed: {exc!r}"))
         self.stats.steps += 1
         report.batch = [j.id for j in stepped]
         report.tokens = [self.engine.cost.tokens(j.sched) for j in stepped]
@@ -294,10 +289,7 @@ class PlanExecutor:
         """Queue a finished job's decode as tiles; it keeps its pages until delivered."""
         del self.active[job.id]
         report.finished.append(job.id)
-        try:
-            self.tiles.start(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+        self._attempt(job, "decode", self.tiles.start, job)
 
     def _run_due_tile(self, plan) -> bool:
         """Run one decode tile instead of ``plan`` when a decode is due first."""

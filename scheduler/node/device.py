@@ -9,6 +9,12 @@ last step it runs (single-device, spread likewise). ``NodeDevices`` is what an e
 real devices implements (``launch`` hands a job to the group's workers, ``wait`` blocks for
 the next completion or until a time); ``VirtualDevices`` draws every duration around the
 node cost model with ``TimingNoise`` (the simulator's truth is not the policy's model).
+
+Both execute a job with :func:`run_job`: the single-device loop's own order
+(``ditmem.scheduler.loop.run_stages``) over the group's ``Stages`` (:class:`JobStages`), so
+the node's order cannot drift from one device's. ``NodeDevices`` is the second, outer
+interface only because a node runs jobs on several groups at once and hands completions
+back as they come.
 """
 
 from __future__ import annotations

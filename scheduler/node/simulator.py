@@ -3,7 +3,8 @@
 ``run_node`` is written against the device interface only (``ditmem.scheduler.node.device``),
 so the node engine can drive real devices with it; ``simulate_node`` runs it on
 ``VirtualDevices`` (durations drawn around the profile with ``TimingNoise``). Each job's
-order is the single-device loop's: offload → restore/migrate → admit/encode → step(s) →
+order is the single-device loop's, by the same function (``node.device.run_job`` calls
+``ditmem.scheduler.loop.run_stages``): offload → restore/migrate → admit/encode → step(s) →
 decode. The loop keeps the numbers a policy sees (free devices, pages per device, host
 pages) and checks every plan: a broken rule raises ``PlanError`` naming it.
 """
