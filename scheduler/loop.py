@@ -45,10 +45,10 @@ class Stages(Protocol):
     def finish_restore(self, handle: object) -> None:
         """Complete a restore: the state may be read afterwards."""
 
-    def encode(self, rids: list[str]) -> None:
+    def encode(self, rids: Sequence[str]) -> None:
         """Admit waiting requests: encode each into fresh pages."""
 
-    def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
+    def step(self, rids: Sequence[str], steps: int, blocks: int | None) -> list[str]:
         """Run ``steps`` packed denoising steps of the batch (``blocks``: with block
         preemption, a chunk of that many blocks; None: the policy's choice); called with an
         empty batch too (block preemption parks a part-done step the plan leaves out).
@@ -75,24 +75,29 @@ def run_stages(
     ``batch``: the ids to step (``steps`` steps, or a chunk of ``blocks``); ``needed``:
     the ids whose restore must complete before the step (default: the batch).
     """
-    needed = set(batch) if needed is None else needed
-    offloads = [h for h in map(stages.start_offload, offload) if h is not None]
+    offloads = []
+    for rid in offload:
+        handle = stages.start_offload(rid)
+        if handle is not None:
+            offloads.append(handle)
     early = bool(restore or admit)  # they may need the pages the offloads free
     if early:
         for handle in offloads:
             stages.finish_offload(handle)
     later = []
-    for rid in restore:
-        handle = stages.start_restore(rid)
-        if handle is None:
-            continue
-        if rid in needed:
-            stages.finish_restore(handle)
-        else:
-            later.append(handle)
+    if restore:
+        needed = set(batch) if needed is None else needed
+        for rid in restore:
+            handle = stages.start_restore(rid)
+            if handle is None:
+                continue
+            if rid in needed:
+                stages.finish_restore(handle)
+            else:
+                later.append(handle)
     if admit:
-        stages.encode(list(admit))
-    finished = stages.step(list(batch), steps, blocks)  # also with no batch: it parks
+        stages.encode(admit)
+    finished = stages.step(batch, steps, blocks)  # also with no batch: it parks
     if finished:
         stages.decode(finished)
     if not early:

@@ -75,6 +75,8 @@ class _Iteration:
     """What the simulated device measured in one iteration (seconds, and who ran)."""
 
     now: float
+    encoded: list[Request]
+    finished: list[RequestStatus]
     transfer_s: float = 0.0
     encode_s: float = 0.0
     step_s: float = 0.0
@@ -82,12 +84,10 @@ class _Iteration:
     decode_s: float = 0.0
     moved: int = 0
     charged: bool = False
-    encoded: list[Request] = field(default_factory=list)
-    members: list[RequestStatus] = field(default_factory=list)
+    members: list[RequestStatus] | None = None  # set by the step stage (always run)
     model: str = ""
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] | None = None
     blocks: int | None = None
-    finished: list[RequestStatus] = field(default_factory=list)
 
 
 class _Engine:
@@ -126,7 +126,7 @@ class _Engine:
         self.offloads: dict[str, int] = {}
         self.chunk_blocks = chunk_blocks
         self.inline_decode = inline_decode
-        self.it = _Iteration(0.0)
+        self.it = _Iteration(0.0, [], [])
 
     def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
@@ -138,11 +138,6 @@ class _Engine:
             self.max_active,
             self.preemption,
         )
-
-    def begin(self, now: float) -> _Iteration:
-        """Start an iteration at ``now``; its measurements accumulate in the result."""
-        self.it = _Iteration(now)
-        return self.it
 
     # ------------------------------------------------------------------ Stages
     def start_offload(self, rid: str) -> None:
@@ -168,7 +163,7 @@ class _Engine:
     def finish_restore(self, handle: object) -> None:
         """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
 
-    def encode(self, rids: list[str]) -> None:
+    def encode(self, rids: Sequence[str]) -> None:
         self._charge_moves()
         it, truth = self.it, self.cost
         for rid in rids:
@@ -186,17 +181,19 @@ class _Engine:
             it.encode_s += self.noise.draw(truth.encode_time(req))
             it.encoded.append(req)
 
-    def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
-        self._charge_moves()
+    def step(self, rids: Sequence[str], steps: int, blocks: int | None) -> list[str]:
         it, truth = self.it, self.cost
+        if not it.charged:
+            self._charge_moves()
         members = [self._active(rid, "batch") for rid in rids]
-        it.members, it.model = members, _check_batch(members, truth)
-        it.tokens = [truth.tokens(s.request) for s in members]
+        it.members = members
+        it.model = model = _check_batch(members, truth)
+        it.tokens = tokens = [truth.tokens(s.request) for s in members]
         if self.preemption == "block":
             plan = StepPlan(batch=list(rids), blocks=blocks)
             start = it.now + it.transfer_s
             try:
-                out = run_chunk(self, plan, members, it.model, truth, self.chunk_blocks, start)
+                out = run_chunk(self, plan, members, model, truth, self.chunk_blocks, start)
             except BlockPlanError as exc:
                 raise PlanError(str(exc)) from exc
             # The preemption point's overhead is not step compute (the cost model's feedback
@@ -205,13 +202,14 @@ class _Engine:
             it.step_s, it.overhead_s = self.noise.draw(out.compute_s), out.overhead_s
             stepped, it.blocks = out.stepped, out.blocks
         else:
-            it.step_s = self.noise.draw(truth.step_time(it.model, it.tokens)) if members else 0.0
+            it.step_s = self.noise.draw(truth.step_time(model, tokens)) if members else 0.0
             stepped = members
+        finished = it.finished
         for s in stepped:
             s.steps_done += 1
             if s.steps_done == s.request.steps:
-                it.finished.append(s)
-        return [s.id for s in it.finished]
+                finished.append(s)
+        return [s.id for s in finished] if finished else []
 
     def decode(self, rids: list[str]) -> None:
         if not self.inline_decode:
@@ -365,7 +363,7 @@ def simulate(
             )
         if plan.blocks is not None and not block:
             raise PlanError("plan.blocks is only allowed with block-level preemption")
-        it = eng.begin(now)
+        it = eng.it = _Iteration(now, [], [])  # what this iteration's stages measure
         run_stages(eng, offload=plan.offload, restore=plan.restore, admit=plan.admit,
                    batch=plan.batch, blocks=plan.blocks)
         pre, step, overhead, decode = it.transfer_s, it.step_s, it.overhead_s, it.decode_s
