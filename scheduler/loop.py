@@ -23,7 +23,7 @@ after the step and its decodes, overlapping them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Container, Sequence
 from typing import Protocol
 
 
@@ -106,3 +106,11 @@ def run_stages(
     for handle in later:
         stages.finish_restore(handle)
     return finished
+
+
+def preempted(
+    last_batch: Sequence[str], stepped: Container[str], started: Container[str]
+) -> list[str]:
+    """The ids this iteration preempted: they stepped in the last one, are still started,
+    and did not step now (what the simulator and the engine count as a preemption)."""
+    return [rid for rid in last_batch if rid in started and rid not in stepped]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
-from .loop import run_stages
+from .loop import preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
@@ -370,9 +370,8 @@ def simulate(
         encode, encoded, members, model = it.encode_s, it.encoded, it.members, it.model
         tokens, blocks_run, finished, moved = it.tokens, it.blocks, it.finished, it.moved
         chunks += 1 if block and members else 0
-        for rid in plan.pause:
-            if rid in eng.active:
-                eng.active[rid].preemptions += 1
+        for rid in preempted(last_batch, plan.batch, eng.active):
+            eng.active[rid].preemptions += 1
         duration = pre + encode + step + overhead + decode
         overhead_total += overhead
         decoded: list[tuple[str, float]] = []

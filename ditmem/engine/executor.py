@@ -25,7 +25,7 @@ from ditmem.scheduler import (
     StepReport,
     WaitingQueue,
 )
-from ditmem.scheduler.loop import run_stages
+from ditmem.scheduler.loop import preempted, run_stages
 
 
 class PlanExecutor:
@@ -327,14 +327,12 @@ class PlanExecutor:
         self.decoder.submit(job.sched.deadline, run)
 
     def _count_preemptions(self, stepped: list[str]) -> None:
-        """A request that stepped last iteration, is unfinished, and did not step now."""
-        now = set(stepped)
-        for job_id in self.last_batch:
-            job = self.active.get(job_id)
-            if job is not None and job_id not in now:
-                job.status.preemptions += 1
-                job.timing.preemptions += 1
-                self.stats.preemptions += 1
+        """Count the preemptions of this iteration (``scheduler.loop.preempted``)."""
+        for job_id in preempted(self.last_batch, stepped, self.active):
+            job = self.active[job_id]
+            job.status.preemptions += 1
+            job.timing.preemptions += 1
+            self.stats.preemptions += 1
 
     # ------------------------------------------------------------------ finishing
     def finish(self, job: Job, *, output=None, error: Exception | None = None) -> None:

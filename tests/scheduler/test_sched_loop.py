@@ -8,7 +8,7 @@ import pytest
 
 from ditmem.scheduler import Request, RequestStatus
 from ditmem.scheduler.block_step import BlockPlanError, plan_chunk
-from ditmem.scheduler.loop import run_stages
+from ditmem.scheduler.loop import preempted, run_stages
 from ditmem.scheduler.node.device import Job, JobStages, Move, run_job
 from ditmem.scheduler.node.topology import Group
 
@@ -77,6 +77,12 @@ def test_a_plan_without_a_batch_still_reaches_the_step_stage_and_skips_a_lost_re
     st = Recorder()
     assert run_stages(st, restore=["gone"]) == []
     assert st.calls == [("start_restore", "gone"), ("step", (), 1, None)]
+
+
+def test_a_preemption_is_a_request_that_stepped_last_time_is_still_started_and_did_not_now():
+    # c finished (no longer started), b steps again, a and d wait
+    assert preempted(("a", "b", "c", "d"), ["b", "e"], {"a", "b", "d", "e"}) == ["a", "d"]
+    assert preempted((), ["x"], {"x"}) == []
 
 
 def _req(rid: str, steps: int = 4) -> Request:
