@@ -98,6 +98,8 @@ class PlanExecutor:
         if not self.has_work():
             self.publish()
             return False
+        if self.blocks is not None:
+            self.blocks.settle(self.active)  # landed parks free their pages before the view
         t0 = self.engine.clock()
         self.held = set()
         plan = self.engine.policy.schedule(t0, self.view())
@@ -113,8 +115,6 @@ class PlanExecutor:
                             tokens=[], step_s=0.0)
         self._report, self._worked = report, False
         moved = self.stats.bytes_offloaded + self.stats.bytes_restored
-        if self.blocks is not None:
-            self.blocks.settle(self.active)
         run_stages(self, offload=plan.offload, restore=plan.restore, admit=plan.admit,
                    batch=plan.batch, blocks=plan.blocks)
         self._count_preemptions(report.batch)
