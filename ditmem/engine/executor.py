@@ -88,6 +88,7 @@ class PlanExecutor:
                              page_bytes=pool.page_bytes, host_free_pages=host.num_free_pages)
         return SchedulerView(active=[j.status for j in self.active.values()],
                              waiting=self.waiting, memory=memory, last_batch=self.last_batch,
+                             max_active=self.engine.max_active,
                              preemption=self.engine.preemption)
 
     # ------------------------------------------------------------------ one iteration
