@@ -114,3 +114,10 @@ def preempted(
     """The ids this iteration preempted: they stepped in the last one, are still started,
     and did not step now (what the simulator and the engine count as a preemption)."""
     return [rid for rid in last_batch if rid in started and rid not in stepped]
+
+
+def mid_step(members: Sequence[object | None]) -> bool:
+    """Whether the last iteration's batch (its members' ``RequestStatus``, None for one no
+    longer started) is still inside its step: all started, with blocks run (block
+    preemption). Such a step continues before a decode tile or another plan runs."""
+    return bool(members) and all(s is not None and s.blocks_done > 0 for s in members)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
-from .loop import preempted, run_stages
+from .loop import mid_step, preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
@@ -434,11 +434,8 @@ def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:
 
 
 def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:
-    """Whether the last iteration ran a step that is still part-done (all members alive)."""
-    if not last_batch:
-        return False
-    members = [eng.active.get(rid) for rid in last_batch]
-    return all(s is not None and s.blocks_done > 0 for s in members)
+    """Whether the last iteration ran a step that is still part-done (``loop.mid_step``)."""
+    return mid_step([eng.active.get(rid) for rid in last_batch])
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:

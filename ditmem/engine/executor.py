@@ -1,5 +1,8 @@
 """One engine iteration: build the policy's view, execute its plan, finish requests.
 
+The plan runs through ``ditmem.scheduler.loop.run_stages`` (the simulator's order, written
+once); :class:`PlanExecutor` is its real device (``start_offload`` ... ``decode``).
+
 Runs on the engine thread only (no locks except through ``Intake``). An exception raised by
 one request's stage fails that request alone: a failed packed step is retried request by
 request so the others still advance (the generator writes nothing back when a step raises).
@@ -25,7 +28,7 @@ from ditmem.scheduler import (
     StepReport,
     WaitingQueue,
 )
-from ditmem.scheduler.loop import preempted, run_stages
+from ditmem.scheduler.loop import mid_step, preempted, run_stages
 
 
 class PlanExecutor:
@@ -294,7 +297,8 @@ class PlanExecutor:
 
     def _run_due_tile(self, plan) -> bool:
         """Run one decode tile instead of ``plan`` when a decode is due first."""
-        if self.blocks is not None and self.last_batch:
+        last = [j.status if (j := self.active.get(i)) else None for i in self.last_batch]
+        if mid_step(last):
             return False  # a part-done chunked step finishes before any tile
         deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
                      if i in self.active or i in self.jobs]

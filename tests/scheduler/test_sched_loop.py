@@ -8,7 +8,7 @@ import pytest
 
 from ditmem.scheduler import Request, RequestStatus
 from ditmem.scheduler.block_step import BlockPlanError, plan_chunk
-from ditmem.scheduler.loop import preempted, run_stages
+from ditmem.scheduler.loop import mid_step, preempted, run_stages
 from ditmem.scheduler.node.device import Job, JobStages, Move, run_job
 from ditmem.scheduler.node.topology import Group
 
@@ -151,3 +151,12 @@ def test_plan_chunk_refuses_a_batch_that_splits_a_part_done_step_and_blocks_belo
         plan_chunk([a, b], [a], parked=set())
     with pytest.raises(BlockPlanError, match="plan.blocks must be >= 1"):
         plan_chunk([a, b], [a, b], parked=set(), blocks=0)
+
+
+def test_mid_step_only_while_every_member_of_the_last_batch_is_inside_its_step():
+    a, b = _part_done("a", ("a", "b")), _part_done("b", ("a", "b"))
+    whole = RequestStatus(_req("w"), started_at=0.0, pages=1)
+    assert mid_step([a, b])
+    assert not mid_step([])          # no step ran
+    assert not mid_step([a, None])   # a member left: the step is not continued as it was
+    assert not mid_step([whole])     # its step ended with the last chunk
