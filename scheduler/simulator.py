@@ -281,13 +281,7 @@ def simulate(
     noise = noise if noise is not None else TimingNoise(sigma=0.0)
     if not requests:
         return SimResult([], 0.0, 0, 0.0)
-    models = {r.model for r in requests}
-    if len(models) != 1:
-        raise ValueError(f"simulate() runs one model per device, got {sorted(models)}")
-    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
-    for r in pending:
-        if r.deadline is None or r.standalone_s is None:
-            policy.cost.assign_deadline(r, slo_scale)
+    pending = arrivals(requests, policy.cost, slo_scale, "simulate() runs")
     page_bytes = truth.page_bytes if page_bytes is None else page_bytes
     eng = _Engine(
         truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise,
@@ -420,6 +414,22 @@ def simulate(
     return SimResult(
         records, now, iterations, busy, batch_sizes, chunks, parks, eng.link.busy_s, overhead_total
     )
+
+
+def arrivals(
+    requests: Sequence[Request], cost: CostModel, slo_scale: float, runner: str
+) -> list[Request]:
+    """``requests`` in arrival order (ties by id), each without a deadline given
+    ``slo_scale`` × its standalone time by ``cost``. ValueError (``runner`` names who
+    refuses) when they are not all of one model."""
+    models = {r.model for r in requests}
+    if len(models) != 1:
+        raise ValueError(f"{runner} one model, got {sorted(models)}")
+    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+    for r in pending:
+        if r.deadline is None or r.standalone_s is None:
+            cost.assign_deadline(r, slo_scale)
+    return pending
 
 
 def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:

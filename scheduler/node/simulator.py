@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..noise import TimingNoise
 from ..queue import WaitingQueue
 from ..request import Request
-from ..simulator import PlanError, Record
+from ..simulator import PlanError, Record, arrivals
 from .cost import NodeCost
 from .device import Completion, Job, Move, NodeDevices, VirtualDevices
 from .plan import Assignment, NodeStatus, NodeView
@@ -126,13 +126,7 @@ def run_node(
     """
     if not requests:
         return NodeResult([], 0.0, 0, 0.0, 0)
-    models = {r.model for r in requests}
-    if len(models) != 1:
-        raise ValueError(f"a node runs one model, got {sorted(models)}")
-    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
-    for r in pending:
-        if r.deadline is None or r.standalone_s is None:
-            truth.cost.assign_deadline(r, slo_scale)
+    pending = arrivals(requests, truth.cost, slo_scale, "a node runs")
     page_bytes = truth.cost.page_bytes if page_bytes is None else page_bytes
     cap = None if max_started_per_device is None else max_started_per_device * node.devices
     st = _State(node, truth, pending[0].model, page_bytes, cap)
