@@ -297,6 +297,37 @@ def choose_ditmem(req: RouteRequest, loads: Sequence[ReplicaLoad], book: Routing
     return best
 
 
+def plan_moves(here: ReplicaLoad, parked: Sequence[RouteRequest],
+               others: Sequence[ReplicaLoad], book: RoutingBook, now: float, *,
+               move_s: float = 0.0, limit: int = 1) -> list[tuple[str, str]]:
+    """Which parked requests of replica ``here`` (its report, fresh) should move, and to
+    which of ``others``: ``[(request id, replica)]``, at most ``limit``.
+
+    ``parked``: requests ``here`` could hand off now (``work_s``: their remaining work at
+    the profile's price, ``deadline``). A request moves when it misses its deadline here
+    (``here`` runs on-time work earliest deadline first: it finishes after everything due
+    no later than it, its own rest included) and another replica places it in tier 0 or 1
+    of :func:`rank_replicas` with ``move_s`` (the hand-off's own time) taken off its
+    deadline: on time there, no one else pushed late. Earliest deadline first; each move
+    is recorded in ``book``, so the next one sees it."""
+    moves: list[tuple[str, str]] = []
+    if not others or limit < 1:
+        return moves
+    for req in sorted(parked, key=lambda r: (r.deadline, r.id)):
+        finish = now + sum(w for d, w, _ in here.due if d <= req.deadline)
+        if finish <= req.deadline:
+            continue
+        moved = RouteRequest(req.id, req.work_s, req.pages, req.priority,
+                             req.deadline - move_s)
+        best = rank_replicas(moved, others, book, now)[0]
+        if best.tier <= 1:
+            book.record(best.replica, moved, now)
+            moves.append((req.id, best.replica))
+            if len(moves) >= limit:
+                break
+    return moves
+
+
 class RoundRobin:
     """Replicas in turn, whatever their load (vllm-omni ``num_replicas``, SGLang
     ``--dp-size``)."""

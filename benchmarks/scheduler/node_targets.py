@@ -11,7 +11,9 @@ Each part writes ``DIR/node_<part>.json`` (default benchmarks/scheduler/results)
 a table. Every row pools its seeds (2,000 requests each unless said). Baselines in the same
 run: ``fifo`` on static replicas of degree 1, 2, 4, 8 (today's vllm-omni deployment),
 ``srtf`` on degree-1 replicas, ``elastic-np`` (TetriServe-style); the bound and the
-clairvoyant reference on the relaxed machine beside each point.
+clairvoyant reference on the relaxed machine beside each point, and the latency bounds (P95
+floor, P95/P99/max with the node's capacity; ``scheduler/node/bound.py``), with whether they
+forbid 0.5 × the best static FIFO deployment's P95.
 """
 
 from __future__ import annotations
@@ -58,6 +60,25 @@ def show(row: dict) -> str:
     )
 
 
+def best_fifo(rows: list[dict]) -> dict | None:
+    """The best static FIFO deployment of one point: highest attainment, then lowest P95."""
+    fifo = [r for r in rows if r["policy"] == "fifo"]
+    return min(fifo, key=lambda r: (-r["slo_attainment"], r["p95_s"]), default=None)
+
+
+def latency_line(b: dict, rows: list[dict]) -> str:
+    """The latency bounds of a point, and whether they forbid 0.5 × the best FIFO's P95."""
+    line = (f"{'':<12} latency bounds: P95 floor {b['p95_floor_s']:.1f} s, P95 >= "
+            f"{b['p95_bound_s']:.1f}, P99 >= {b['p99_bound_s']:.1f}, max >= "
+            f"{b['max_bound_s']:.1f} s")
+    best = best_fifo(rows)
+    if best is not None:
+        half = 0.5 * best["p95_s"]
+        verdict = "forbidden by the bound" if half < b["p95_bound_s"] else "not forbidden"
+        line += f"; 0.5 x {label(best)} P95 = {half:.1f} s: {verdict}"
+    return line
+
+
 def scenario(workload: str, seeds, requests) -> NodeScenario:
     return NodeScenario(CostModel.load("h200"), DEVICES, workload, requests=requests,
                         seeds=tuple(seeds))
@@ -69,17 +90,20 @@ def points(workloads, loads, seeds, requests, runs=RUNS) -> list[dict]:
     for wl in workloads:
         sc = scenario(wl, seeds, requests)
         for load in loads:
-            b = node_bound(sc, load)
+            b = node_bound(sc, load, latency=True)
+            point = []
             for policy, degree in runs:
                 t0 = time.time()
                 row = run_node_point(sc, policy, load, degree)
                 row.update(b)
                 row["wall_s"] = time.time() - t0
                 rows.append(row)
+                point.append(row)
                 print(show(row), flush=True)
             print(f"{'bound':<12} {wl:<16} {load:4.2f} {b['requests']:6d} "
                   f"{100 * b['bound_attainment']:7.2f}   (clairvoyant on the relaxed machine "
                   f"{100 * b['clairvoyant_attainment']:.2f})", flush=True)
+            print(latency_line(b, point), flush=True)
     return rows
 
 

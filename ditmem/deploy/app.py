@@ -14,7 +14,7 @@ from ray.serve.config import RequestRouterConfig
 
 from ditmem.deploy.board import Board
 from ditmem.deploy.ingress import Ingress
-from ditmem.deploy.replica import EngineReplica
+from ditmem.deploy.replica import EngineReplica, MoveOptions
 from ditmem.deploy.router import DitmemRequestRouter
 
 ROUTERS = ("ditmem", "ray")
@@ -28,7 +28,10 @@ class DeployOptions:
     power of two choices on queue length); ``stats_period_s``: how often Serve asks each
     replica for its routing stats; ``post_period_s``: how often replicas post to the board;
     ``reroutes``: times a request whose replica died is sent again; ``autoscaling``: Ray
-    Serve's own ``autoscaling_config`` for the engine deployment (replaces ``replicas``)."""
+    Serve's own ``autoscaling_config`` for the engine deployment (replaces ``replicas``);
+    ``moves``: each replica's rebalancer (:class:`~ditmem.deploy.replica.MoveOptions`;
+    default: every second, by the rule, with the ditmem router; with Ray's router it only
+    carries out moves an operator ordered: that router is the no-migration baseline)."""
 
     replicas: int = 2
     devices_per_replica: float = 1.0
@@ -39,6 +42,7 @@ class DeployOptions:
     reroutes: int = 2
     health_check_period_s: float = 2.0
     autoscaling: dict | None = None
+    moves: MoveOptions | None = None
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -70,6 +74,13 @@ def replica_resources(device: str, devices: float) -> tuple[dict, int]:
     raise ValueError(f"device: cpu, cuda or npu, got {device!r}")
 
 
+def move_options(opts: DeployOptions) -> MoveOptions:
+    """The replicas' rebalancer for ``opts`` (see :class:`DeployOptions`)."""
+    if opts.moves is not None:
+        return opts.moves
+    return MoveOptions(rule=opts.router == "ditmem")
+
+
 def build_app(engine_config, server_config, options: DeployOptions | None = None):
     """The bound application (pass to ``serve.run``). ``engine_config``: each replica's
     ``EngineConfig``; ``server_config``: the ingress's ``ServerConfig``."""
@@ -95,7 +106,7 @@ def build_app(engine_config, server_config, options: DeployOptions | None = None
         health_check_timeout_s=30.0, logging_config=quiet,
         graceful_shutdown_timeout_s=server_config.drain_timeout_s,
         **scale,
-    ).bind(engine_config, board, threads, opts.post_period_s)
+    ).bind(engine_config, board, threads, opts.post_period_s, move_options(opts))
     ingress = serve.deployment(Ingress, name="ingress", num_replicas=1,
                                ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=10_000)

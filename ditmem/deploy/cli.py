@@ -37,6 +37,13 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router", choices=("ditmem", "ray"), default="ditmem",
                    help="ditmem: backlog- and deadline-aware (default); ray: Ray Serve's "
                         "power of two choices on queue length")
+    g.add_argument("--move-period", type=float, default=1.0,
+                   help="seconds between two looks of each replica's rebalancer, which "
+                        "hands a parked request late on its replica to one where it is on "
+                        "time (ditmem router only; 0: no migration); default %(default)s")
+    g.add_argument("--move-s", type=float, default=0.5,
+                   help="what a hand-off is taken to cost, off the request's deadline when "
+                        "judging another replica; default %(default)s")
 
 
 def check_ray_arguments(args) -> None:
@@ -45,6 +52,8 @@ def check_ray_arguments(args) -> None:
         raise SystemExit(f"ditmem serve: --replicas must be >= 1, got {args.replicas}")
     if not args.ray and (args.replicas != 1 or args.ray_address):
         raise SystemExit("ditmem serve: --replicas > 1 and --ray-address need --ray")
+    if args.move_period < 0 or args.move_s < 0:
+        raise SystemExit("ditmem serve: --move-period and --move-s must be >= 0")
     if args.ray:
         try:
             import ray.serve  # noqa: F401
@@ -59,11 +68,14 @@ def serve_on_ray(args, engine_config, server_config) -> int:
     from ray import serve
 
     from ditmem.deploy.app import DeployOptions, build_app
+    from ditmem.deploy.replica import MoveOptions
 
     try:
+        moves = MoveOptions(period_s=args.move_period, move_s=args.move_s,
+                            rule=args.router == "ditmem")
         options = DeployOptions(replicas=args.replicas,
                                 devices_per_replica=args.devices_per_replica,
-                                router=args.router)
+                                router=args.router, moves=moves)
         app = build_app(engine_config, server_config, options)
     except ValueError as exc:
         raise SystemExit(f"ditmem serve --ray: {exc}") from None

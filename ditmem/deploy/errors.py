@@ -4,12 +4,12 @@ do not survive pickling as exceptions)."""
 
 from __future__ import annotations
 
-from ditmem.engine import results
+from ditmem.engine import handoff, results
 
 _KINDS = {cls.__name__: cls for cls in (
     results.SubmitError, results.RequestTooLarge, results.QueueFull, results.EngineStopped,
     results.InvalidRequest, results.TooSlow, results.RequestCancelled,
-    results.RequestFailed, results.EngineFault)}
+    results.RequestFailed, results.EngineFault, handoff.BadBlob, handoff.HandoffRefused)}
 
 
 def describe_error(exc: BaseException) -> dict:
@@ -32,6 +32,6 @@ def rebuild_error(info: dict) -> Exception:
         return cls(message, retry_after_s=info.get("retry_after_s") or 1.0)
     if cls is results.TooSlow:
         return cls(message, info.get("estimate_s") or 0.0, info.get("limit_s") or 0.0)
-    if issubclass(cls, results.SubmitError):
+    if issubclass(cls, (results.SubmitError, handoff.BadBlob)):
         return cls(message, info.get("field"))
     return cls(message)

@@ -74,6 +74,12 @@ class ReplicaCollector:
         rerouted = CounterMetricFamily("ditmem_rerouted",
                                        "requests sent again after their replica died")
         rerouted.add_metric([], self.remote.rerouted)
+        moved = CounterMetricFamily("ditmem_moved",
+                                    "parked requests handed from one replica to another")
+        moved.add_metric([], self.remote.moved)
+        move_failed = CounterMetricFamily(
+            "ditmem_move_failed", "handed-off requests no replica adopted (started over)")
+        move_failed.add_metric([], self.remote.move_failed)
         yield up
         yield from gauges.values()
         yield from counters.values()
@@ -81,6 +87,8 @@ class ReplicaCollector:
         yield slack
         yield routed
         yield rerouted
+        yield moved
+        yield move_failed
 
 
 def build_ingress_app(remote: RemoteEngine, config):
@@ -102,7 +110,9 @@ def build_ingress_app(remote: RemoteEngine, config):
                          "paused": s["paused"], "dead": s.get("dead"),
                          "backlog_s": r["load"]["backlog_s"],
                          "pages_free": s["pages_free"], "routed": remote.routed[name],
-                         "speed": r["load"].get("speed", 1.0)})
+                         "speed": r["load"].get("speed", 1.0),
+                         "moved_out": r.get("moves", {}).get("out", 0),
+                         "moved_in": r.get("moves", {}).get("in", 0)})
         return {"replicas": rows, "up": sum(row["up"] for row in rows)}
 
     return app

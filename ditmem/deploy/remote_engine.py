@@ -13,6 +13,13 @@ first step, to another replica (``reroutes`` times at most; then it fails with
 ``EngineFault``, 503). Its pages died with the replica, and the request is deterministic
 (same seed, same steps), so the image is the one the first replica would have made; the
 deadline stays the original one, so the router sees how late it is.
+
+Migration: a replica's rebalancer may hand a parked request off (:mod:`.replica`); its
+stream then ends with ``{"moved": [ObjectRef], "route": ...}`` and the flight goes on: the
+blob is sent through the handle's ``adopt`` (the router ranks it by its remaining work,
+the replica it came from excluded), the ticket's future stays the same and the client gets
+one response, whichever replica finishes it. An adopter that refuses the blob, or cannot
+read it (its owner died), makes the flight start over from step 0 as a re-route does.
 """
 
 from __future__ import annotations
@@ -63,6 +70,9 @@ class Flight:
     replica: str | None = None
     cancelled: bool = False
     sent: int = 0
+    deaths: int = 0
+    move: dict | None = None   # the adopt job while the request is handed off
+    moves: int = 0
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
@@ -104,6 +114,8 @@ class RemoteEngine:
         self.reports: dict[str, dict] = {}
         self.routed: Counter[str] = Counter()
         self.rerouted = 0
+        self.moved = 0
+        self.move_failed = 0
         self.draining = False
         self.listeners: list = []
 
@@ -231,17 +243,26 @@ class RemoteEngine:
             self.flights.pop(request_id, None)
 
     async def _fly(self, flight: Flight, accepted: concurrent.futures.Future) -> None:
-        """Send the job, report acceptance, deliver the outcome; re-route when the replica
-        holding it dies."""
+        """Send the job, report acceptance, deliver the outcome; follow the request when a
+        replica hands it off; re-route when the replica holding it dies."""
         ticket = flight.ticket
         while not flight.cancelled:
             flight.sent += 1
-            flight.response = self.handle.generate.remote(flight.job)
+            if flight.move is not None:
+                flight.response = self.handle.adopt.remote(flight.move)
+            else:
+                flight.response = self.handle.generate.remote(flight.job)
             dead = flight.replica
             try:
                 first = await flight.response.__anext__()
                 if "rejected" in first:
                     err = rebuild_error(first["rejected"])
+                    if flight.move is not None:
+                        self.move_failed += 1
+                        log.warning("replica %s refused handed-off %s (%s): starting it "
+                                    "over", first.get("replica"), ticket.request_id, err)
+                        flight.move = None
+                        continue
                     if not _settle(accepted, err):
                         _settle(ticket.future, exc=EngineFault(
                             f"replica {dead} died and the re-routed request was refused: "
@@ -259,8 +280,10 @@ class RemoteEngine:
             except Exception as exc:
                 if flight.cancelled:
                     return
-                if _replica_died(exc) and flight.sent <= self.reroutes:
+                flight.deaths += 1
+                if _replica_died(exc) and flight.deaths <= self.reroutes:
                     self.rerouted += 1
+                    flight.move = None  # its pages died with it (or with the blob's owner)
                     log.warning("replica %s died holding %s: re-routing it (%s)",
                                 flight.replica, ticket.request_id, type(exc).__name__)
                     continue
@@ -269,6 +292,14 @@ class RemoteEngine:
                 if not _settle(accepted, EngineStopped(str(fault))):
                     _settle(ticket.future, exc=fault)
                 return
+            if "moved" in outcome:
+                flight.moves += 1
+                self.moved += 1
+                flight.move = {"blob": outcome["moved"], "route": outcome["route"],
+                               "avoid": outcome.get("replica"),
+                               "hops": outcome.get("hops", flight.moves),
+                               "request_id": ticket.request_id}
+                continue
             if "result" in outcome:
                 if _settle(ticket.future, outcome["result"]):
                     for listener in self.listeners:

@@ -8,7 +8,9 @@ replica's last ``record_routing_stats`` report, ranks them with
 one replica per rank, best first; Ray sends the request to the first that accepts it (its
 queue is under ``max_ongoing_requests``). What it routed since a replica's last report is
 kept in a :class:`~ditmem.scheduler.routing.RoutingBook` (``on_request_routed``).
-Other calls (``describe``) carry no route and go to any replica.
+Other calls (``describe``) carry no route and go to any replica. An ``adopt`` call (a
+request a replica handed off) is ranked the same way without the replica it came from
+(``avoid``), unless no other is up.
 """
 
 from __future__ import annotations
@@ -28,11 +30,19 @@ TRANSIT_S = 10.0
 
 
 def route_of(pending: PendingRequest | None) -> RouteRequest | None:
-    """The ``route`` the ingress put in a ``generate`` job, None for other calls."""
+    """The ``route`` the ingress put in a ``generate`` or ``adopt`` job, None for other
+    calls."""
     if pending is None or not pending.args or not isinstance(pending.args[0], dict):
         return None
     route = pending.args[0].get("route")
     return RouteRequest(**route) if route else None
+
+
+def avoid_of(pending: PendingRequest | None) -> str | None:
+    """The replica an ``adopt`` job comes from (it handed the request off)."""
+    if pending is None or not pending.args or not isinstance(pending.args[0], dict):
+        return None
+    return pending.args[0].get("avoid")
 
 
 def load_of_replica(replica: RunningReplica) -> ReplicaLoad:
@@ -49,6 +59,13 @@ def load_of_replica(replica: RunningReplica) -> ReplicaLoad:
             log.warning("replica %s: unreadable routing stats (%s): taken as idle", name, exc)
     return ReplicaLoad(name, (0.0, 0.0, 0.0), (None, None, None), 2**31, 2**31, 0,
                        float("-inf"))
+
+
+def without_source(candidates: list, avoid: str | None) -> list:
+    """``candidates`` less the replica ``avoid`` names, unless it is the only one (a
+    handed-off request then goes back where it came from rather than nowhere)."""
+    others = [r for r in candidates if r.replica_id.unique_id != avoid]
+    return others or list(candidates)
 
 
 def rank_candidates(route: RouteRequest, candidates: list, book: RoutingBook,
@@ -71,9 +88,10 @@ class DitmemRequestRouter(RequestRouter):
                               pending_request: PendingRequest | None = None
                               ) -> list[list[RunningReplica]]:
         route = route_of(pending_request)
-        if route is None or len(candidate_replicas) < 2:
-            return [list(candidate_replicas)]
-        return rank_candidates(route, candidate_replicas, self.book, self.clock())
+        candidates = without_source(candidate_replicas, avoid_of(pending_request))
+        if route is None or len(candidates) < 2:
+            return [candidates]
+        return rank_candidates(route, candidates, self.book, self.clock())
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         route = route_of(pending_request)

@@ -23,6 +23,7 @@ import threading
 import time
 
 from ditmem.engine.executor import PlanExecutor
+from ditmem.engine.handoff import Handoff
 from ditmem.engine.intake import Intake
 from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import (
@@ -108,6 +109,7 @@ class Engine:
         self.max_failures = MAX_FAILURES
         self.intake = Intake()
         self.executor = PlanExecutor(self, offload_mode)
+        self.handoff = Handoff(self)  # export/adopt parked requests (ditmem.engine.handoff)
         self._listeners: list = []
         self._thread: threading.Thread | None = None
 
@@ -263,6 +265,7 @@ class Engine:
         try:
             while True:
                 try:
+                    self.handoff.serve()
                     worked = ex.iterate()
                     failures = 0
                 except Exception as exc:  # noqa: BLE001 - the loop survives one iteration

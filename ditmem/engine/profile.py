@@ -318,8 +318,14 @@ def main(args) -> int:
                               page_kb=args.page_kb, frames=args.frames,
                               decode_tile=args.decode_tile)
     if args.devices > 1:
-        profile["parallel"], profile["links"] = measure_parallel(
-            args, next(iter(profile["models"])), profile["host_link_bytes_per_s"]["value"])
+        from ditmem.parallel.speedup import CalibrationError
+
+        try:
+            profile["parallel"], profile["links"] = measure_parallel(
+                args, next(iter(profile["models"])), profile["host_link_bytes_per_s"]["value"])
+        except CalibrationError as exc:
+            print(f"ditmem profile --devices: error: {exc}; nothing written")
+            return 1
     from ditmem.scheduler.profiles import parse_profile
 
     parse_profile(profile, args.out)  # refuse to write what the loader would reject

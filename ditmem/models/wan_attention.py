@@ -50,10 +50,12 @@ class CachedTextKV:
     views: per layer, ``(k_cache, v_cache, plan)``: block pools
     ``[num_blocks, block_size, H, D]`` (views of one arena, contiguous blocks) and the
     :class:`AttentionPlan` of the packed queries over them (built once per step, shared by
-    the layers of one page group).
+    the layers of one page group); heads: ``None`` (the pools hold every head), or the
+    head range they hold (a sequence-parallel rank's, compacted copies).
     """
 
     views: list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]]
+    heads: slice | None = None
 
 
 @dataclass(slots=True)
@@ -199,7 +201,11 @@ class WanCrossAttention:
         heads = slice(None) if ex is None else ex.heads
         if packed is not None and packed.cached is not None:
             k_cache, v_cache, plan = packed.cached.views[self.layer]
-            k_cache, v_cache = k_cache[:, :, heads], v_cache[:, :, heads]
+            if packed.cached.heads is None:
+                k_cache, v_cache = k_cache[:, :, heads], v_cache[:, :, heads]
+            elif packed.cached.heads != heads:
+                raise ValueError(f"packed.cached holds heads {packed.cached.heads}, the "
+                                 f"exchange reads {heads}")
         else:
             key, value = text_kv(attn, text)
             key, value = key[..., heads, :], value[..., heads, :]

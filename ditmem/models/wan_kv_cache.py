@@ -161,11 +161,17 @@ def _row_shape(model) -> tuple[int, int]:
     return (model.config.num_attention_heads, model.config.attention_head_dim)
 
 
-def cached_text_kv(model, caches: list[WanCrossKV], q_lens: list[int]) -> CachedTextKV:
+def cached_text_kv(model, caches: list[WanCrossKV], q_lens: list[int],
+                   heads: slice | None = None) -> CachedTextKV:
     """Per-layer block pools of B requests' caches (one per packed segment, in order) and
     the attention plans of the packed queries (``q_lens[b]`` rows of request b) over them,
     built from the page lists on the host (one plan per page group, no device read). All
-    caches must be attached, belong to ``model`` and live in one pool."""
+    caches must be attached, belong to ``model`` and live in one pool.
+
+    ``heads`` (a sequence-parallel rank's head range): instead of views of the whole
+    arena, contiguous copies of only the blocks the requests read, for those heads only,
+    with the block tables renumbered (``CachedTextKV.heads`` says so); a head-sliced view
+    of the arena would make the kernel copy the whole arena at every layer."""
     for i, c in enumerate(caches):
         if not isinstance(c, WanCrossKV):
             raise ValueError(f"requests[{i}]['cross_kv']: expected a WanCrossKV, got "
@@ -183,12 +189,20 @@ def cached_text_kv(model, caches: list[WanCrossKV], q_lens: list[int]) -> Cached
     for g, (_, count) in enumerate(geo.groups):
         arena = caches[0].tensors[g].kernel_view()  # [num_pages, rows_per_page, H, D]
         pools = [_layer_pools(arena, geo, j, count) for j in range(count)]
+        tables = [_blocks(c.tensors[g].pages, geo) for c in caches]
+        if heads is not None:
+            used = [t[: -(-n // geo.block_size)] for t, n in zip(tables, kv_lens, strict=True)]
+            ids = sorted({b for t in used for b in t})
+            renumber = {b: i for i, b in enumerate(ids)}
+            tables = [[renumber[b] for b in t] for t in used]
+            index = torch.tensor(ids, dtype=torch.int64, device=arena.device)
+            pools = [(k.index_select(0, index)[:, :, heads].contiguous(),
+                      v.index_select(0, index)[:, :, heads].contiguous()) for k, v in pools]
         plan = AttentionPlan.build(
-            q_lens=q_lens, kv_lens=kv_lens, block_size=geo.block_size,
-            block_tables=[_blocks(c.tensors[g].pages, geo) for c in caches],
+            q_lens=q_lens, kv_lens=kv_lens, block_size=geo.block_size, block_tables=tables,
             num_blocks=pools[0][0].shape[0], device=arena.device)
         views += [(k, v, plan) for k, v in pools]
-    return CachedTextKV(views)
+    return CachedTextKV(views, heads)
 
 
 def _blocks(pages: list[int], geo: CrossKVGeometry) -> list[int]:

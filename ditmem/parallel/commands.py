@@ -127,7 +127,8 @@ class Reply:
     command took on the worker (wall) and ``cpu_seconds`` the CPU time of the worker's
     main thread in it (the one running the model with one torch thread: busy time, without
     waits for a core or for peers, nor the collective backend's own threads);
-    ``device_pages`` used after it."""
+    ``process_cpu_seconds`` the CPU time of every thread of the worker in it (the
+    collective backend's copies included); ``device_pages`` used after it."""
 
     device: int
     ok: bool
@@ -136,3 +137,4 @@ class Reply:
     seconds: float = 0.0
     device_pages: int = 0
     cpu_seconds: float = 0.0
+    process_cpu_seconds: float = 0.0

@@ -26,7 +26,7 @@ def _profile(args, node, log) -> dict:
     when the given JSON has them: a saved demo profile replays the same run)."""
     from ditmem import models
     from ditmem.engine.profile import measure_profile
-    from ditmem.parallel.speedup import measure_speedups, speedup_table
+    from ditmem.parallel.speedup import calibrate, speedup_table
     from ditmem.scheduler.models import tokens_for
     from ditmem.scheduler.workloads import MIXES
 
@@ -50,12 +50,18 @@ def _profile(args, node, log) -> dict:
             log(f"profile: {args.profile} (its parallel table and links; nothing measured)")
             return profile
     key = next(iter(profile["models"]))
-    log(f"measuring the speed-up per degree on {node.num_devices} devices ...")
-    rows = measure_speedups(node, sides, 3, tokens_for=lambda s: tokens_for(key, s, s, 1))
+    log(f"measuring the speed-up per degree on {node.num_devices} devices (at least "
+        f"{CALIBRATION_ROUNDS} rounds of 2 steps per side, checked for plausibility) ...")
+    rows = calibrate(node, sides, CALIBRATION_ROUNDS, clock="cpu", report=log,
+                     tokens_for=lambda s: tokens_for(key, s, s, 1))
+    check_against_profile(rows, profile, key, log)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rounds = sorted({r["rounds"] for r in rows})
     profile["parallel"] = {key: speedup_table(
         rows, f"measured by ditmem demo --devices {node.num_devices}, {when}; worker CPU "
-              "time, median of 3 rounds")}
+              f"time, median of {rounds[0]}-{rounds[-1]} interleaved rounds of 2 steps, "
+              "checked plausible")}
+    profile["parallel"][key]["measured"] = rows
     host = profile["host_link_bytes_per_s"]
     profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
                         "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
@@ -65,6 +71,89 @@ def _profile(args, node, log) -> dict:
     log(f"profile: {args.profile_out} (speed-up at degree 2: "
         f"{profile['parallel'][key]['speedup'].get('2')})")
     return profile
+
+
+#: rounds of the start-up speed-up measurement (more while they spread; see speedup.py)
+CALIBRATION_ROUNDS = 5
+#: a replay stage (or the workers' degree-1 step) off the profile by more than this
+#: factor either way is called out: the simulator's prediction assumes the profile
+TRACK_LIMIT = 1.25
+
+
+def check_against_profile(rows: list[dict], profile: dict, key: str, log) -> list[str]:
+    """The workers' degree-1 step (wall, from the speed-up rows) against the profile's
+    single-device step for the same tokens (measured before, in the engine process):
+    one line per size, logged; the lines off by more than ``TRACK_LIMIT`` are returned."""
+    from ditmem.scheduler import CostModel
+
+    cost = CostModel.from_dict(profile)  # single-device: no parallel section needed yet
+    off = []
+    for r in rows:
+        if r["degree"] != 1:
+            continue
+        predicted = 1000 * cost.step_time(key, [r["tokens"]])
+        ratio = r["step_ms"] / predicted
+        line = (f"  degree-1 step on the workers at {r['tokens']} tokens: {r['step_ms']:.1f} "
+                f"ms vs the profile's {predicted:.1f} ms (x{ratio:.2f})")
+        if not 1 / TRACK_LIMIT <= ratio <= TRACK_LIMIT:
+            line += " -- the machine changed between the two measurements"
+            off.append(line)
+        log(line)
+    return off
+
+
+class TrackedDevices:
+    """``NodeDevices`` that pass through to ``devices`` (an ``EngineDevices``) and keep, for
+    every completed job, each stage's measured seconds beside what the profile's cost
+    model (``truth``, a ``NodeCost``: what the simulator replays) predicts for it."""
+
+    def __init__(self, devices, truth) -> None:
+        self.devices = devices
+        self.truth = truth
+        self.measured: dict[str, float] = {}
+        self.predicted: dict[str, float] = {}
+        self.jobs: dict[str, int] = {}
+
+    def launch(self, job, now: float) -> None:
+        self.devices.launch(job, now)
+
+    def wait(self, until):
+        done = self.devices.wait(until)
+        for c in done:
+            self.record(c.job, c.timings)
+        return done
+
+    def _add(self, stage: str, measured: float, predicted: float) -> None:
+        self.measured[stage] = self.measured.get(stage, 0.0) + measured
+        self.predicted[stage] = self.predicted.get(stage, 0.0) + predicted
+        self.jobs[stage] = self.jobs.get(stage, 0) + 1
+
+    def record(self, job, t) -> None:
+        """Add one job's ``Timings`` ``t`` and the profile's times for ``job``."""
+        from ditmem.scheduler.node.device import spread
+
+        truth, cost, degree = self.truth, self.truth.cost, job.group.degree
+        if job.moves:
+            self._add("moves", t.transfer_s, sum(
+                truth.offload_time(m.request, m.src) if m.dst is None
+                else truth.move_time(m.request, m.src, m.dst)[0] for m in job.moves))
+        if job.encodes:
+            self._add("encodes", t.encode_s,
+                      spread([cost.encode_time(r) for r in job.encodes], degree))
+        if job.batch and job.steps:
+            tokens = [cost.tokens(r) for r in job.batch]
+            self._add(f"steps d{degree}", t.step_s,
+                      job.steps * truth.step_time(job.batch[0].model, tokens, degree))
+        if job.decodes:
+            self._add("decodes", t.decode_s,
+                      spread([cost.decode_time(r) for r in job.decodes], degree))
+
+    def summary(self) -> dict[str, dict]:
+        """Per stage: ``{"measured_s", "predicted_s", "ratio", "jobs"}`` (sums over jobs)."""
+        return {k: {"measured_s": self.measured[k], "predicted_s": self.predicted[k],
+                    "ratio": self.measured[k] / self.predicted[k] if self.predicted[k] > 0
+                    else float("inf"), "jobs": self.jobs[k]}
+                for k in sorted(self.measured)}
 
 
 def build_trace(args, cost, devices: int):
@@ -111,9 +200,10 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     topo = Node(topo_devices, truth.links)
     policy = make_node_policy(name, NodeCost(cost), topo)
     devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
+    tracked = TrackedDevices(devices, truth)
     progress.label = name
     t0 = time.perf_counter()
-    result = run_node([dataclasses.replace(r) for r in trace], policy, devices, topo, truth,
+    result = run_node([dataclasses.replace(r) for r in trace], policy, tracked, topo, truth,
                       progress=progress)
     wall = time.perf_counter() - t0
     progress.end()
@@ -129,7 +219,7 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
             steps[str(d)] = steps.get(str(d), 0) + k
     out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
                migrations=sum(r.migrations for r in result.records),
-               parks=sum(r.offloads for r in result.records))
+               parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary())
     return out
 
 
@@ -183,6 +273,7 @@ def main(args) -> int:
     import os
 
     from ditmem.parallel.node import NodeEngine
+    from ditmem.parallel.speedup import CalibrationError
     from ditmem.scheduler import CostModel
 
     if args.devices > (os.cpu_count() or 1):
@@ -190,7 +281,8 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
     if "wan" in args.model.lower():
-        print("ditmem demo: --devices > 1 runs Qwen-Image models only", file=sys.stderr)
+        print("ditmem demo: --devices > 1 replays an image workload (seed-mix): Qwen-Image "
+              "models only", file=sys.stderr)
         return 2
     if args.profile != "measure" and not os.path.isfile(args.profile):
         print(f"ditmem demo --devices: --profile {args.profile}: expected 'measure' or a "
@@ -206,7 +298,13 @@ def main(args) -> int:
     pages = max(64, int(args.pool_mb * 2**20) // page)
     with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
                     host_pages=4 * pages, model_kwargs={"dtype": args.dtype}) as node:
-        profile = _profile(args, node, log)
+        try:
+            profile = _profile(args, node, log)
+        except CalibrationError as exc:
+            print(f"ditmem demo --devices: {exc}.\nNot replaying with a table that cannot be "
+                  "trusted: rerun on a quieter machine, or pass --profile with a saved demo "
+                  "profile (benchmarks/parallel/results/*_profile.json)", file=sys.stderr)
+            return 1
         cost = CostModel.from_dict(profile)
         trace = build_trace(args, cost, args.devices)
         lim = limits(trace, cost, args.devices)
@@ -231,6 +329,16 @@ def main(args) -> int:
               f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
               f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
               f"{r['wall_s']:7.0f}")
+    print("replay vs profile (measured / predicted seconds, summed over jobs; the "
+          "simulator's columns assume x1.00):")
+    for name, r in rows.items():
+        parts = [f"{stage} x{v['ratio']:.2f}" for stage, v in r["vs_profile"].items()]
+        print(f"  {name:<6} " + ", ".join(parts))
+        for stage, v in r["vs_profile"].items():
+            if not 1 / TRACK_LIMIT <= v["ratio"] <= TRACK_LIMIT:
+                print(f"  [off] {name} {stage}: x{v['ratio']:.2f} of the profile over "
+                      f"{v['jobs']} jobs -- the prediction and the limits below do not "
+                      "describe this run")
     print("machine load average (1 min; other jobs share the cores): "
           + ", ".join(f"{k} {v:.1f}" for k, v in load_avg.items()))
     print(f"trace limits: offline bound {100 * lim['bound_attainment']:.1f} % attainment; "

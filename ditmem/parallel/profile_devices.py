@@ -23,9 +23,10 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
                         "devices (CPU: worker processes pinned to cores, <= cores); 1: skip")
     p.add_argument("--parallel-sides", default="256,512,1024",
                    help="square image sides of the speed-up table (with --devices > 1)")
-    p.add_argument("--parallel-clock", choices=("cpu", "wall"), default="cpu",
-                   help="ratio of worker CPU time (default: robust when other jobs share "
-                        "the cores) or of wall time")
+    p.add_argument("--parallel-clock", choices=("cpu", "process", "wall"), default="cpu",
+                   help="ratio of the workers' main-thread CPU time (default: robust when "
+                        "other jobs share the cores), of all their threads' CPU time "
+                        "(the collective backend's copies included) or of wall time")
 
 
 def check_device_arguments(args, device_count: int | None = None) -> str | None:
@@ -35,9 +36,6 @@ def check_device_arguments(args, device_count: int | None = None) -> str | None:
         return f"--devices must be >= 1, got {args.devices}"
     if args.devices > cores:
         return f"--devices {args.devices} exceeds the {cores} devices (cores) of this machine"
-    if args.devices > 1 and "wan" in args.model.lower():
-        return ("--devices > 1: sequence-parallel steps in the node engine are implemented "
-                "for Qwen-Image models only")
     try:
         sides = [int(s) for s in args.parallel_sides.split(",")]
     except ValueError:
@@ -51,9 +49,10 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
                      ) -> tuple[dict, dict]:
     """The ``parallel`` section for model ``key`` (see module docstring) and the
     ``links`` section: the peer link measured on devices 0 and 1, the host link as given
-    (the profile's measured host copy rate)."""
+    (the profile's measured host copy rate). Raises ``speedup.CalibrationError`` when the
+    speed-up measurement stays implausible (``speedup.calibrate``)."""
     from ditmem.parallel.node import NodeEngine
-    from ditmem.parallel.speedup import measure_speedups, speedup_table
+    from ditmem.parallel.speedup import calibrate, speedup_table
     from ditmem.scheduler.models import tokens_for
 
     sides = sorted(int(s) for s in args.parallel_sides.split(","))
@@ -62,18 +61,16 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
     log(f"parallel: degrees up to {args.devices}, sides {sides}, {args.repeats} rounds")
     with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
                     host_pages=64) as node:
-        rows = measure_speedups(node, sides, max(3, args.repeats),
-                                tokens_for=lambda s: tokens_for(key, s, s, args.frames),
-                                progress=log)
+        rows = calibrate(node, sides, max(5, args.repeats), clock=args.parallel_clock,
+                         tokens_for=lambda s: tokens_for(key, s, s, args.frames),
+                         frames=args.frames, report=log)
         peer = node.peer_link_rate((0, 1))
-    for r in rows:
-        log(f"  {r['side']}x{r['side']} degree {r['degree']}: {r['step_ms']:.1f} ms wall "
-            f"(x{r['speedup']:.2f}), {r['cpu_ms']:.1f} ms cpu (x{r['cpu_speedup']:.2f})")
+    rounds = sorted({r["rounds"] for r in rows})
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = f"{platform.node()} ({os.cpu_count()} cores)"
     source = (f"measured by ditmem profile --devices {args.devices} on {machine}, {when}; "
-              f"{args.parallel_clock} time, median of {max(3, args.repeats)} interleaved "
-              f"rounds; one worker process per device")
+              f"{args.parallel_clock} time, median of {rounds[0]}-{rounds[-1]} interleaved "
+              "rounds of 2 steps, checked plausible; one worker process per device")
     links = {"device_bytes_per_s": peer, "host_bytes_per_s": host_bytes_per_s,
              "source": f"measured by ditmem profile --devices {args.devices} on {machine}, "
                        f"{when}: peer = median broadcast of 32 MiB between devices 0 and 1 "

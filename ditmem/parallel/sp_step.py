@@ -1,5 +1,6 @@
-"""A whole denoising step of Qwen-Image requests at sequence-parallel degree > 1, on
-states whose latents are token-sharded (:mod:`ditmem.parallel.state_moves`).
+"""A whole denoising step at sequence-parallel degree > 1, on states whose latents are
+token-sharded (:mod:`ditmem.parallel.state_moves`): Qwen-Image here, Wan in
+:func:`ditmem.parallel.wan_sp.sharded_step`.
 
 Each device runs :func:`ditmem.parallel.qwen_sp.prepare_shard` on its latent rows, the
 adapter's blocks, and the per-token solver update (true-CFG norm rescaling is per token,
@@ -19,9 +20,14 @@ from ditmem.parallel.qwen_sp import prepare_shard
 def sharded_step(gen, states, group, rank: int, degree: int) -> None:
     """One step of ``states`` (all between steps, latents sharded for ``rank`` of
     ``degree``) on the process group ``group``."""
-    if not hasattr(gen, "adapter") or type(gen.adapter).__name__ != "QwenAdapter":
+    kind = type(getattr(gen, "adapter", None)).__name__
+    if kind == "WanAdapter":
+        from ditmem.parallel import wan_sp
+
+        return wan_sp.sharded_step(gen, states, group, rank, degree)
+    if kind != "QwenAdapter":
         raise ValueError(f"sharded_step: degree {degree} steps are implemented for Qwen-Image "
-                         f"generators, not {type(gen).__name__}")
+                         f"and Wan generators, not {type(gen).__name__}")
     check_step_states(states, gen.is_done)
     for s in states:
         if s.scalars["block"]:

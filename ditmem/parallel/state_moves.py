@@ -1,9 +1,12 @@
 """Moving a request's paged state between devices and sequence-parallel degrees.
 
 At degree ``d`` each device of the request's group holds a ``RequestState`` in its own
-page pool: the token-sharded tensors (:data:`TOKEN_DIM`: Qwen-Image's packed latents)
-hold only that device's rows ``shard(S, d, rank)``; everything else (text embeddings and
-masks, scalars) is replicated. Two ways to change where a state lives:
+page pool: the token-sharded tensors (:mod:`ditmem.parallel.token_rows`: Qwen-Image's
+packed latents; Wan's latents and UniPC history) hold only that device's token rows
+``shard(S, d, rank)`` ``[1, n, P]``; everything else (text embeddings and masks, Wan's
+cross-attention K/V pages, scalars) is replicated. The scalar ``sp.shapes`` records the
+degree-1 shapes of the sharded tensors while the state is held at degree > 1. Two ways to
+change where a state lives:
 
 * :func:`reshard` — between steps, over the device link: every device of the smallest
   aligned group covering the old and the new devices joins; latent rows are all-gathered
@@ -26,19 +29,15 @@ import torch.distributed as dist
 
 from ditmem.memory import RequestState, TensorState
 from ditmem.parallel.shards import shard
-
-#: token-sharded tensors and their token dimension (Qwen-Image packed latents [1, S, C]);
-#: states of other models move only at degree 1 (see :func:`check_degree`)
-TOKEN_DIM = {"latents": 1}
+from ditmem.parallel.token_rows import SHAPES, TokenRows, rows_of
 
 
 def check_degree(generator, degree: int) -> None:
     """ValueError unless ``generator``'s states can be held at ``degree`` (degree > 1:
-    Qwen-Image, whose packed latents are token rows). Deterministic, so every device of a
-    collective refuses alike before any exchange."""
-    if degree > 1 and type(getattr(generator, "adapter", None)).__name__ != "QwenAdapter":
-        raise ValueError(f"degree {degree}: sequence-parallel states are implemented for "
-                         f"Qwen-Image; {type(generator).__name__} requests run at degree 1")
+    Qwen-Image and Wan, :func:`ditmem.parallel.token_rows.rows_of`). Deterministic, so
+    every device of a collective refuses alike before any exchange."""
+    if degree > 1:
+        rows_of(generator)
 
 
 @dataclass(slots=True)
@@ -91,54 +90,77 @@ def _check_whole_steps(scalars: dict, degree: int, request_id) -> None:
 
 
 def adopt(parts: list[HostCopy], hosts: dict[int, object], pool, rank: int, degree: int,
-          request_id: str, device) -> RequestState | None:
+          request_id: str, device, layout: TokenRows) -> RequestState | None:
     """This device's part (``rank`` of ``degree``) of a request whose parts were offloaded
     by their holders (``parts``, any order), read from their host pools ``hosts`` (by
-    device) into fresh pages of ``pool``. ``None`` (nothing left allocated) when ``pool``
-    has no room."""
+    device) into fresh pages of ``pool``; ``layout``: the model's token-sharded tensors.
+    ``None`` (nothing left allocated) when ``pool`` has no room."""
     parts = sorted(parts, key=lambda p: p.rank)
     _check_whole_steps(parts[0].scalars, degree, request_id)
+    scalars = copy.deepcopy(parts[0].scalars)
+    full = scalars.pop(SHAPES, None) or {n: t.shape for n, t in parts[0].tensors.items()
+                                         if layout.sharded(n)}
     state = RequestState(pool, request_id=request_id)
     for name, first in parts[0].tensors.items():
-        if name in TOKEN_DIM:
-            dim = TOKEN_DIM[name]
-            full = torch.cat([read_host(hosts[p.device], p.tensors[name]) for p in parts], dim)
-            lo, hi = shard(full.shape[dim], degree, rank)
-            value = full.narrow(dim, lo, hi - lo)
+        if layout.sharded(name):
+            if parts[0].degree > 1:
+                rows = torch.cat([read_host(hosts[p.device], p.tensors[name]) for p in parts], 1)
+            else:
+                rows = layout.to_rows(read_host(hosts[parts[0].device], first))
+            value = _part_of(layout, rows, full[name], rank, degree)
         else:
             value = read_host(hosts[parts[0].device], first)
         if state.put(name, value.to(device).contiguous(),
                      row_ndim=len(first.row_shape)) is None:
             state.free()
             return None
-    state.scalars.update(copy.deepcopy(parts[0].scalars))
+    state.scalars.update(scalars)
+    if degree > 1:
+        state.scalars[SHAPES] = full
     return state
 
 
+def _part_of(layout: TokenRows, rows: torch.Tensor, shape, rank: int,
+             degree: int) -> torch.Tensor:
+    """Rank ``rank``'s token rows of all ``rows [1, S, P]`` at ``degree`` > 1; at degree 1
+    the whole tensor back in its degree-1 ``shape``."""
+    if degree == 1:
+        return layout.from_rows(rows, shape)
+    lo, hi = shard(rows.shape[1], degree, rank)
+    return rows.narrow(1, lo, hi - lo)
+
+
 def reshard(state: RequestState | None, group, cover: tuple[int, ...], device: int,
-            old: tuple[int, ...], new: tuple[int, ...], pool, request_id: str
-            ) -> RequestState | None:
+            old: tuple[int, ...], new: tuple[int, ...], pool, request_id: str,
+            layout: TokenRows) -> RequestState | None:
     """Collective over ``group`` (the process group of the aligned devices ``cover``, which
     contain ``old`` and ``new``): move a request held at degree ``len(old)`` on ``old`` to
-    degree ``len(new)`` on ``new``. Every device of ``cover`` calls it; ``state`` is this
-    device's part (``None`` unless it is in ``old``). Returns this device's new part
-    (``None`` unless it is in ``new``); the old part's pages are freed. ``MemoryError``
-    when a new holder's pool has no room (its old part, if any, is kept)."""
+    degree ``len(new)`` on ``new``; ``layout``: the model's token-sharded tensors. Every
+    device of ``cover`` calls it; ``state`` is this device's part (``None`` unless it is
+    in ``old``). Returns this device's new part (``None`` unless it is in ``new``); the
+    old part's pages are freed. ``MemoryError`` when a new holder's pool has no room (its
+    old part, if any, is kept)."""
     me = cover.index(device)
     src = old[0]
     meta = [None]
     if device == src:
-        meta = [(copy.deepcopy(state.scalars),
+        scalars = copy.deepcopy(state.scalars)
+        full = scalars.pop(SHAPES, None) or {n: state.shape(n) for n in state.names()
+                                             if layout.sharded(n)}
+        meta = [(scalars, full,
                  {n: (state.shape(n), state.paged(n).dtype, len(state.paged(n).row_shape))
                   for n in state.names()})]
     dist.broadcast_object_list(meta, src=src, group=group)
-    scalars, shapes = meta[0]
+    scalars, full, shapes = meta[0]
     _check_whole_steps(scalars, len(new), request_id)
     values = {}
     for name, (shape, dtype, _) in sorted(shapes.items()):
-        if name in TOKEN_DIM:
-            values[name] = _gather_tokens(state, name, shape, dtype, group, cover, old, me,
-                                          pool.device)
+        if layout.sharded(name):
+            mine = None
+            if state is not None:
+                mine = state.get(name)
+                mine = layout.to_rows(mine) if len(old) == 1 else mine
+            values[name] = _gather_rows(mine, dtype, group, cover, old, me, pool.device)
             continue
         buf = state.get(name) if device == src else torch.empty(shape, dtype=dtype,
                                                                 device=pool.device)
@@ -149,36 +171,34 @@ def reshard(state: RequestState | None, group, cover: tuple[int, ...], device: i
         rank, degree = new.index(device), len(new)
         fresh = RequestState(pool, request_id=request_id)
         for name, value in values.items():
-            if name in TOKEN_DIM:
-                dim = TOKEN_DIM[name]
-                lo, hi = shard(value.shape[dim], degree, rank)
-                value = value.narrow(dim, lo, hi - lo).contiguous()
+            if layout.sharded(name):
+                value = _part_of(layout, value, full[name], rank, degree).contiguous()
             if fresh.put(name, value, row_ndim=shapes[name][2]) is None:
                 fresh.free()
                 raise MemoryError(f"reshard: device {device} has no room for {request_id}")
         fresh.scalars.update(scalars)
+        if degree > 1:
+            fresh.scalars[SHAPES] = full
     if state is not None:
         state.free()
     return fresh
 
 
-def _gather_tokens(state, name, shape, dtype, group, cover, old, me, device) -> torch.Tensor:
-    """The whole token-sharded tensor ``name`` on every device of ``cover``: each old
-    holder contributes its rows (an all-gather of equal-size padded buffers)."""
-    dim = TOKEN_DIM[name]
-    rows = torch.zeros(len(cover), dtype=torch.int64, device=device)
-    mine = state.get(name) if state is not None else None
+def _gather_rows(mine, dtype, group, cover, old, me, device) -> torch.Tensor:
+    """All token rows ``[1, S, P]`` of a token-sharded tensor on every device of ``cover``:
+    each old holder contributes its rows ``mine`` (an all-gather of equal-size padded
+    buffers; row counts and the row width travel first)."""
+    info = torch.zeros(len(cover) + 1, dtype=torch.int64, device=device)
     if mine is not None:
-        rows[me] = mine.shape[dim]
-    dist.all_reduce(rows, group=group)  # each device's row count, everywhere
-    counts = rows.tolist()  # control data (a few ints), before the tensor exchange
-    width = max(counts)
-    padded_shape = list(shape)
-    padded_shape[dim] = width
-    padded = torch.zeros(padded_shape, dtype=dtype, device=device)
+        info[me] = mine.shape[1]
+        info[-1] = mine.shape[2] if me == cover.index(old[0]) else 0
+    dist.all_reduce(info, group=group)  # each device's row count and the width, everywhere
+    sizes = info.tolist()  # control data (a few ints), before the tensor exchange
+    counts, width = sizes[:-1], sizes[-1]
+    padded = torch.zeros((1, max(counts), width), dtype=dtype, device=device)
     if mine is not None:
-        padded.narrow(dim, 0, mine.shape[dim]).copy_(mine)
+        padded.narrow(1, 0, mine.shape[1]).copy_(mine)
     bufs = [torch.empty_like(padded) for _ in cover]
     dist.all_gather(bufs, padded, group=group)
-    parts = [bufs[cover.index(d)].narrow(dim, 0, counts[cover.index(d)]) for d in old]
-    return torch.cat(parts, dim)
+    parts = [bufs[cover.index(d)].narrow(1, 0, counts[cover.index(d)]) for d in old]
+    return torch.cat(parts, 1)

@@ -4,9 +4,10 @@ joins the node's process groups once at start, and executes the engine's command
 
 On CPU a "device" is this process pinned to one core (``torch`` with one thread); on
 CUDA / NPU it is ``cuda:<index>`` / ``npu:<index>``. A step at degree 1 is the generator's
-own packed step; at degree ``d > 1`` (Qwen-Image) it is the sequence-parallel packed step
-of :mod:`ditmem.parallel.qwen_sp` over the group's process group, with each device
-holding its token shard of the latents and updating only those rows.
+own packed step; at degree ``d > 1`` (Qwen-Image, Wan) it is the sequence-parallel packed
+step of :mod:`ditmem.parallel.sp_step` over the group's process group, with each device
+holding its token shard of the latents (and Wan's solver history) and updating only those
+rows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from ditmem.parallel import commands as cmd
 from ditmem.parallel import state_moves
 from ditmem.parallel.groups import close_node, init_node
+from ditmem.parallel.token_rows import TokenRows, rows_of
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,14 @@ class DeviceWorker:
         self.groups = groups
         self.held: dict[str, Part] = {}
         self.parked: dict[str, Part] = {}
+        try:
+            self.layout = rows_of(generator)
+        except ValueError:  # this model's states never shard: check_degree refuses d > 1
+            self.layout = TokenRows(())
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, command) -> cmd.Reply:
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu, proc = time.perf_counter(), time.thread_time(), time.process_time()
         try:
             handler = getattr(self, "_" + type(command).__name__.lower())
             value = handler(command)
@@ -82,7 +88,8 @@ class DeviceWorker:
             value, ok = None, False
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         return cmd.Reply(self.index, ok, value, error, time.perf_counter() - start,
-                         self.pool.num_used_pages, time.thread_time() - cpu)
+                         self.pool.num_used_pages, time.thread_time() - cpu,
+                         time.process_time() - proc)
 
     def _part(self, request_id: str) -> Part:
         try:
@@ -124,7 +131,8 @@ class DeviceWorker:
             raise KeyError(f"reshard: device {self.index} holds no part of {c.request_id!r}")
         group = self.groups[c.cover]
         fresh = state_moves.reshard(None if part is None else part.state, group, c.cover,
-                                    self.index, c.old, c.new, self.pool, c.request_id)
+                                    self.index, c.old, c.new, self.pool, c.request_id,
+                                    self.layout)
         self.held.pop(c.request_id, None)
         if fresh is not None:
             self.held[c.request_id] = Part(fresh, c.new)
@@ -143,7 +151,7 @@ class DeviceWorker:
             raise ValueError(f"adopt: device {self.index} already holds {c.request_id!r}")
         state_moves.check_degree(self.gen, len(c.devices))
         state = state_moves.adopt(c.parts, self.hosts, self.pool, c.devices.index(self.index),
-                                  len(c.devices), c.request_id, self.pool.device)
+                                  len(c.devices), c.request_id, self.pool.device, self.layout)
         if state is None:
             return False
         self.held[c.request_id] = Part(state, c.devices)

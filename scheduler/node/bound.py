@@ -19,6 +19,27 @@ the bound is on the profile's times; with timing noise on, true times scatter by
 percent around them, so the bound is approximate to that order (the property test runs
 noise-free).
 
+**Latency floor and latency bound (P95).** A request's latency is at least its encode,
+its decode (single-device stages, serial with its steps) and the sum of its step durations.
+A step of a packed batch lasts at least the request's own share of it (the shares add up to
+the step), and its share at degree d is at least ``profile_step_share`` (the single-device
+bound's least share, with any partners of the trace) ÷ the largest speed-up any batch
+holding it can reach at d (``max_speedup``: over the token totals from its own to
+``max_batch`` members of the trace's largest size). So ``least_latency`` is sound, and the
+q-th percentile of the least latencies (``latency_floor``) bounds every schedule's q-th
+percentile from below (latencies dominate floors one by one; the percentile is monotone in
+each value). ``latency_bound`` adds the node's capacity: for a latency X, a request
+finishing within X spends at least ``least_device_seconds(X)`` — the least d × duration
+over its steps' degrees whose step durations fit X − encode − decode (a linear relaxation
+over the fraction of steps at each degree: never above any integer choice), plus encode
+and decode. Every request with latency ≤ X is a request meeting the deadline A + X with
+that work, so the D-times-faster machine's window bound (above) on those deadlines and
+works gives a least number m(X) of requests with latency > X in any schedule; when m(X)
+reaches N − ⌊(N − 1) q / 100⌋ the q-th percentile (linear interpolation, as
+``metrics.percentile``) exceeds X. The largest X found so certifies the bound. Both hold
+for profile times; with timing noise on they are approximate to the noise's order (the
+sum of a request's step draws scatters by about σ/√steps).
+
 **Clairvoyant reference.** ``clairvoyant_node_misses``: the single-device clairvoyant EDF
 with give-up (``ditmem.scheduler.bound.clairvoyant_misses``) on the same D-times-faster
 machine, with each request's standalone degree-1 time as its work — a schedule of the
@@ -27,13 +48,17 @@ relaxed machine, not of the node, so a reference point, not an achievable target
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from ..bound import clairvoyant_misses, min_misses
 from ..cost import CostModel
+from ..metrics import percentile
 from ..request import Request
 from .cost import NodeCost
+
+INF = float("inf")
 
 
 class _PooledCost:
@@ -103,3 +128,167 @@ def clairvoyant_node_misses(requests: Sequence[Request], ncost: NodeCost, device
         return 0
     scaled = [replace(r, standalone_s=r.standalone_s / devices) for r in requests]
     return clairvoyant_misses(scaled, ncost.cost, "standalone")
+
+
+# ---- latency floor and latency bound (module docstring) ---------------------------------
+
+
+def max_speedup(ncost: NodeCost, model: str, lo: int, hi: int, degree: int) -> float:
+    """The largest speed-up at ``degree`` over step token totals in [lo, hi] (the table is
+    piecewise linear in log(tokens): the ends and the knots between them suffice)."""
+    if degree == 1:
+        return 1.0
+    knots = [math.exp(x) for x in ncost.parallel.table(model).log_tokens]
+    points = [lo, hi] + [t for t in knots if lo < t < hi]
+    return max(ncost.speedup(model, t, degree) for t in points)
+
+
+class StepFloors:
+    """Per request of a trace: the least duration of one of its steps at each degree (s),
+    and its encode + decode (s). ``degrees``: the node's degrees."""
+
+    def __init__(self, requests: Sequence[Request], ncost: NodeCost, degrees: Sequence[int]):
+        check_speedups(ncost, requests, degrees)
+        cost = ncost.cost
+        self.degrees = tuple(degrees)
+        span: dict[str, tuple[int, int]] = {}
+        for r in requests:
+            n = cost.tokens(r)
+            lo, hi = span.get(r.model, (n, n))
+            span[r.model] = (min(lo, n), max(hi, n))
+        self._span = span
+        self._cache: dict[tuple[str, int], tuple[float, ...]] = {}
+        self.ncost = ncost
+
+    def durations(self, request: Request) -> tuple[float, ...]:
+        """Least seconds of one step of ``request`` at each of ``degrees`` (any batch)."""
+        cost = self.ncost.cost
+        n = cost.tokens(request)
+        key = (request.model, n)
+        out = self._cache.get(key)
+        if out is None:
+            lo, hi = self._span[request.model]
+            share = cost.profile_step_share(request.model, n, lo, hi)
+            top = n + (cost.max_batch(request.model) - 1) * hi
+            out = tuple(
+                share / max_speedup(self.ncost, request.model, n, top, d) for d in self.degrees
+            )
+            self._cache[key] = out
+        return out
+
+    def stages(self, request: Request) -> float:
+        """Encode + decode seconds (single-device, serial with the steps)."""
+        cost = self.ncost.cost
+        return cost.encode_time(request) + cost.decode_time(request)
+
+
+def least_latency(request: Request, floors: StepFloors) -> float:
+    """Least seconds from arrival to finish in any schedule: encode + decode + its steps at
+    their shortest duration (module docstring)."""
+    return floors.stages(request) + request.steps * min(floors.durations(request))
+
+
+def least_device_seconds(request: Request, floors: StepFloors, latency: float) -> float:
+    """Least device-seconds ``request`` spends in any schedule that finishes it within
+    ``latency`` seconds of its arrival (inf when none can): encode + decode + the least
+    Σ d × duration over step degrees whose durations fit (linear relaxation: at most two
+    degrees mixed)."""
+    stages = floors.stages(request)
+    budget = latency - stages
+    steps = request.steps
+    tau = floors.durations(request)
+    pts = [(t, d * t) for d, t in zip(floors.degrees, tau, strict=True)]
+    best = INF
+    for t, e in pts:
+        if steps * t <= budget + 1e-12:
+            best = min(best, steps * e)
+    for ta, ea in pts:  # a slow degree a mixed with a fast degree b, filling the budget
+        for tb, eb in pts:
+            if ta <= tb or not steps * tb <= budget < steps * ta:
+                continue
+            xa = (budget - steps * tb) / (ta - tb)
+            best = min(best, xa * ea + (steps - xa) * eb)
+    return stages + best
+
+
+def latency_floor(requests: Sequence[Request], ncost: NodeCost, degrees: Sequence[int],
+                  q: float = 95.0) -> float:
+    """The ``q``-th percentile of the requests' least latencies: no schedule's ``q``-th
+    percentile of latency is lower (module docstring)."""
+    floors = StepFloors(requests, ncost, degrees)
+    return percentile([least_latency(r, floors) for r in requests], q)
+
+
+class _WorkView:
+    """What ``min_misses`` reads of a CostModel, for one-step surrogate requests whose works
+    are given: ``tokens`` is the surrogate's index into ``works``; encode and decode are 0
+    (already in the works)."""
+
+    def __init__(self, works: dict[str, float]):
+        self._index = {rid: i + 1 for i, rid in enumerate(works)}
+        self._works = [0.0] + list(works.values())
+
+    def tokens(self, request: Request) -> int:
+        return self._index[request.id]
+
+    def encode_time(self, request: Request) -> float:
+        return 0.0
+
+    def decode_time(self, request: Request) -> float:
+        return 0.0
+
+    def profile_step_share(self, model: str, tokens: int, lo: int, hi: int) -> float:
+        return self._works[tokens]
+
+
+def _slow_count(requests: Sequence[Request], floors: StepFloors, devices: int,
+                latency: float) -> int:
+    """Least number of ``requests`` with latency > ``latency`` in any schedule on
+    ``devices`` devices (module docstring)."""
+    works, surrogates, hopeless = {}, [], 0
+    for r in requests:
+        w = least_device_seconds(r, floors, latency)
+        if w == INF:
+            hopeless += 1
+            continue
+        works[r.id] = w / devices
+        surrogates.append(replace(r, steps=1, deadline=r.arrival + latency))
+    if not surrogates:
+        return hopeless
+    return hopeless + min_misses(surrogates, _WorkView(works))
+
+
+def latency_bound(
+    traces: Sequence[Sequence[Request]],
+    ncost: NodeCost,
+    devices: int,
+    degrees: Sequence[int],
+    q: float = 95.0,
+    *,
+    tol: float = 0.05,
+) -> float:
+    """A lower bound on the ``q``-th percentile of latency over the pooled requests of
+    ``traces`` (independent runs, e.g. seeds) in any schedule on ``devices`` devices: the
+    largest latency X found (bisection to ``tol`` s, from the pooled ``latency_floor``) at
+    which the capacity argument of the module docstring certifies that more than the
+    percentile's share of requests must take longer than X."""
+    traces = [list(t) for t in traces if t]
+    if not traces:
+        raise ValueError("latency_bound needs at least one non-empty trace")
+    floors = [StepFloors(t, ncost, degrees) for t in traces]
+    pooled = [least_latency(r, f) for t, f in zip(traces, floors, strict=True) for r in t]
+    n = len(pooled)
+    need = n - math.floor((n - 1) * q / 100.0)
+    lo = percentile(pooled, q)
+
+    def certified(x: float) -> bool:
+        pairs = zip(traces, floors, strict=True)
+        return sum(_slow_count(t, f, devices, x) for t, f in pairs) >= need
+
+    hi = max(r.deadline - r.arrival for t in traces for r in t)
+    if certified(hi):
+        return hi
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if certified(mid) else (lo, mid)
+    return lo

@@ -16,7 +16,7 @@ from ..metrics import summarize
 from ..noise import TimingNoise
 from ..request import Request
 from ..workloads import workload
-from .bound import clairvoyant_node_misses, min_node_misses
+from .bound import clairvoyant_node_misses, latency_bound, latency_floor, min_node_misses
 from .cost import NodeCost
 from .policies import STATIC, make_node_policy
 from .simulator import simulate_node
@@ -68,11 +68,14 @@ def run_node_point(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Simulate every seed at ``load`` under ``policy``; pooled metrics plus descriptors:
-    ``devices``, ``baseline_degree`` (static policies; None otherwise), ``steps_by_degree``
-    and, with ``scenario.per_request``, ``per_request`` = [{id, seed, width, height, frames,
-    priority, latency_s, met, degrees}]."""
+    ``devices``, ``baseline_degree`` (static policies; None otherwise), ``steps_by_degree``,
+    for a policy that makes FIFO promises (``slo``'s guard) ``promises_kept`` (fraction of
+    requests finished by their promise) and ``promise_late_max_s`` (the most any finished
+    after it; <= 0 when all were kept), and, with ``scenario.per_request``, ``per_request``
+    = [{id, seed, width, height, frames, priority, latency_s, met, degrees}]."""
     records, per_request = [], []
-    decisions = 0
+    decisions = kept = promised = 0
+    late_by = 0.0
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
         ncost = NodeCost(scenario.cost)
@@ -87,6 +90,14 @@ def run_node_point(
         )
         records += result.records
         decisions += result.decisions
+        promises = getattr(pol, "promises", None)
+        if promises:
+            for r in result.records:
+                due = promises.get(r.request.id)
+                if due is not None:
+                    promised += 1
+                    kept += r.finished <= due + 1e-9
+                    late_by = max(late_by, r.finished - due)
         if scenario.per_request:
             per_request += [
                 {
@@ -123,6 +134,9 @@ def run_node_point(
         "migrations": sum(r.migrations for r in records) / len(records),
         "steps_by_degree": dict(sorted(steps.items(), key=lambda kv: int(kv[0]))),
     }
+    if promised:
+        out["promises_kept"] = kept / promised
+        out["promise_late_max_s"] = late_by
     out.update(summarize(records))
     if scenario.per_request:
         out["per_request"] = per_request
@@ -149,22 +163,34 @@ def node_goodput(
     return highest_load(holds, lo, hi, tol)
 
 
-def node_bound(scenario: NodeScenario, load: float) -> dict:
+def node_bound(scenario: NodeScenario, load: float, *, latency: bool = False) -> dict:
     """The bound and the clairvoyant reference at ``load`` over the scenario's seeds:
-    ``{"requests", "bound_attainment", "clairvoyant_attainment"}`` (pooled)."""
+    ``{"requests", "bound_attainment", "clairvoyant_attainment"}`` (pooled); with
+    ``latency``, also the latency bounds no schedule beats on the pooled requests:
+    ``p95_floor_s`` (the P95 of each request's least latency) and ``p95_bound_s``,
+    ``p99_bound_s``, ``max_bound_s`` (the floor with the node's capacity; bound.py)."""
     total = lower = clair = 0
     node = scenario.node()
+    traces = []
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
+        traces.append(reqs)
         ncost = NodeCost(scenario.cost)
         total += len(reqs)
         lower += min_node_misses(reqs, ncost, scenario.devices, node.degrees)
         clair += clairvoyant_node_misses(reqs, ncost, scenario.devices)
-    return {
+    out = {
         "requests": total,
         "bound_attainment": 1 - lower / total,
         "clairvoyant_attainment": 1 - clair / total,
     }
+    if latency:
+        ncost = NodeCost(scenario.cost)
+        pooled = [r for t in traces for r in t]
+        out["p95_floor_s"] = latency_floor(pooled, ncost, node.degrees, 95)
+        for key, q in (("p95_bound_s", 95), ("p99_bound_s", 99), ("max_bound_s", 100)):
+            out[key] = latency_bound(traces, ncost, scenario.devices, node.degrees, q)
+    return out
 
 
 def bound_goodput(scenario: NodeScenario, *, target: float = 0.99, lo: float = 0.05,

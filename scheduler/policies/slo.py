@@ -35,13 +35,26 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    running part-done step continues unless finishing it would eat the slack of some on-time
    request served before it (an urgent arrival): only then is it parked. A part-done step
    resumes as the same batch and takes no joiners.
-6. **The tail bound (``late_lane``).** A late request gets a second deadline
-   ``D2 = max(D + late_windows · (D − A), now + (lane work + its own) / late_share)`` and is
-   guaranteed to finish by it (exact timings; proof in ``late_lane``): the lane runs as late
-   as possible, ahead of on-time work only once some member's slack to its D2 is down to one
-   iteration, with room made for it whatever the memory pressure; the give-up rule counts
-   the lane's schedule as time already taken. So no request waits without bound, and a
-   stream of urgent work cannot push a late one past its D2.
+6. **The tail bound (``tail_lane``).** Requests are promised a second deadline and are
+   guaranteed to finish by it (exact timings; proofs in ``tail_lane``), by one of two rules
+   (``tail``):
+
+   * ``"late"`` (default): a request given up is promised
+     ``D2 = max(D + late_windows · (D − A), now + (lane work + its own) / late_share)``;
+   * ``"fifo"``: every request is promised ``max(f, A + tail_factor · F)`` — ``f`` its
+     finish under FIFO (``fifo_shadow``, fed every arrival), ``F`` the running maximum (or
+     ``tail_quantile``) of FIFO's flow times so far, starting from ``tail_prior`` — so no
+     flow exceeds ``max(own FIFO flow, tail_factor · FIFO's worst so far)``: with factor 1
+     the maximum is at most fifo's (which no schedule without batching can beat).
+
+   The promised requests are served as late as possible in lane order: an iteration runs
+   only if it leaves every member able to finish by its promise with the lane run back to
+   back — the EDF plan when it does, else the first preferred head (with joiners, if they
+   keep it) that does, else the lane's head, with room made for it whatever the memory
+   pressure; the give-up rule counts the lane's schedule as time already taken. So no
+   request waits without bound, and a stream of urgent work cannot push one past its
+   promise. What each rule costs in attainment: docs/results/scheduler.md (the FIFO rule
+   at factor 1 costs ~13 points; the default keeps attainment and bounds every wait).
 """
 
 from __future__ import annotations
@@ -53,8 +66,8 @@ from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
 from .inside_step import group_of, is_part_done, keep_running, running_step
-from .late_lane import LateLane, member_work, plan_seconds
 from .priority_rules import Candidate, late_order, protected, rescued, set_aside
+from .tail_lane import TailLane, member_work, plan_seconds
 
 INF = float("inf")
 
@@ -75,9 +88,16 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
-    * ``late_windows`` and ``late_share`` — a late request is promised to finish by
-      ``late_windows`` SLO windows past its deadline, or, when the lane is long, by the time
-      ``late_share`` of the device would finish the lane up to it (step 6);
+    * ``tail`` — the promise rule (step 6): ``"late"`` or ``"fifo"``;
+    * ``late_windows`` and ``late_share`` (``tail="late"``) — a late request is promised to
+      finish by ``late_windows`` SLO windows past its deadline, or, when the lane is long,
+      by the time ``late_share`` of the device would finish the lane up to it;
+    * ``tail_factor``, ``tail_quantile``, ``tail_prior`` (``tail="fifo"``) — no flow above
+      ``max(own FIFO flow, tail_factor × F)``, ``F`` the running ``tail_quantile`` (1: the
+      maximum) of FIFO's flows, never below ``tail_prior`` s (e.g. FIFO's worst on past
+      traffic, so a restarted server does not start with tight promises);
+    * ``promise_tries`` — how many preferred heads to try when the plan would break a
+      promise, before the lane's head runs;
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
     * ``batching`` — off to run one request per step;
     * ``chunk_budget`` — largest fraction of compute the preemption points between blocks
@@ -105,15 +125,23 @@ class SloPolicy(Policy):
         beta: float | None = None,
         headroom: float = 0.0,
         min_gain: float = 0.1,
+        tail: str = "late",
+        tail_quantile: float = 1.0,
+        tail_factor: float = 1.0,
+        tail_prior: float = 0.0,
         late_windows: float = 3.0,
         late_share: float = 0.1,
         window: int = 32,
+        promise_tries: int = 8,
         batching: bool = True,
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
     ):
         super().__init__(cost)
-        self.lane = LateLane(late_windows, late_share)
+        self.lane = TailLane(tail, quantile=tail_quantile, factor=tail_factor, prior=tail_prior,
+                               windows=late_windows, share=late_share)
+        self._late: set[str] = set()
+        self._skip: set[str] = set()
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
         self.chunk_wait_share = chunk_wait_share
@@ -130,6 +158,7 @@ class SloPolicy(Policy):
         self.headroom = headroom
         self.min_gain = min_gain
         self.window = window
+        self.promise_tries = promise_tries
         self.batching = batching
         self._static: dict[str, tuple[int, int]] = {}
 
@@ -166,9 +195,9 @@ class SloPolicy(Policy):
         out = [self._cand(s, s.request, s.steps_done) for s in view.active]
         for r in view.waiting.iter_by("deadline", self.window):
             out.append(self._cand(r, r, 0))
-        if len(self.lane):  # every late request counts, inside the window or not
+        if self._late:  # every late request counts, inside the window or not
             seen = {c.req.id for c in out}
-            for rid in self.lane.ids():
+            for rid in self._late:
                 if rid not in seen and rid in view.waiting:
                     r = view.waiting.get(rid)
                     out.append(self._cand(r, r, 0))
@@ -176,37 +205,38 @@ class SloPolicy(Policy):
             keep = {c.req.id for c in out}
             self._static = {k: v for k, v in self._static.items() if k in keep}
             alive = {s.id for s in view.active} | {r.id for r in view.waiting.iter_by("arrival")}
-            self.lane.prune(alive)
+            self._late &= alive
         return out
 
     def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
-        ``priority``: future arrivals that could outrank it are expected to take their share,
-        and a ``margin`` fraction is kept spare."""
-        cap = delta * (1.0 - margin) - self.lane.forced(now, delta)
+        ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
+        then (of requests not counted in ``self._skip``), future arrivals that could outrank
+        it are expected to take their share, and a ``margin`` fraction is kept spare."""
+        cap = delta * (1.0 - margin) - self.lane.forced(now, delta, self._skip)
         if self.forecast is not None:
             outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
         return cap
 
     # ---- the decision ------------------------------------------------------------------
-    def _classify(self, now: float, cands: list[Candidate]) -> list[Candidate]:
-        """Mark late requests (and put new ones in the lane); return the on-time ones by
-        deadline, with slack and guard set."""
-        lane = self.lane
-        lane.settle(now, {c.req.id: c for c in cands})
+    def _classify(self, now: float, view: SchedulerView, cands: list[Candidate]) -> list[Candidate]:
+        """Mark late requests (for good); return the on-time ones by deadline, with slack
+        and guard set."""
         ontime, fresh = [], []
         for c in cands:
-            c.late = c.req.id in lane or now + c.rem > c.req.deadline
-            if c.late and c.req.id not in lane:
+            c.late = c.req.id in self._late or now + c.rem > c.req.deadline
+            if c.late and c.req.id not in self._late:
                 fresh.append(c)
             elif not c.late:
                 ontime.append(c)
         ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
         heap: list[tuple[float, int, Candidate]] = []
         work = 0.0
+        self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
             work += c.rem
+            self._skip.add(c.req.id)
             heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
             while heap and work > (
                 cap := self._capacity(c.req.deadline - now, now, c.req.priority)
@@ -214,18 +244,20 @@ class SloPolicy(Policy):
                 victim = set_aside(heap, work - cap, self.shield0)
                 victim.late = True
                 fresh.append(victim)
+                self._skip.discard(victim.req.id)
                 work -= victim.rem
-        if fresh:
-            lane_work = lane.work()
-            for c in fresh:
-                lane.add(c, now, lane_work)
-                lane_work += c.rem
-            lane.settle(now, {c.req.id: c for c in cands})
+        for c in fresh:
+            self._late.add(c.req.id)
+            self.lane.add_late(c, now)
+        if fresh and self.lane.rule == "late":
+            self.lane.settle(now, view, {c.req.id: c for c in cands})
         ontime = [c for c in ontime if not c.late]
         work, guard = 0.0, INF
+        self._skip = set()
         for c in ontime:
             c.guard = guard
             work += c.rem
+            self._skip.add(c.req.id)
             c.slack = (
                 self._capacity(c.req.deadline - now, now, c.req.priority, self.headroom) - work
             )
@@ -234,28 +266,57 @@ class SloPolicy(Policy):
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         cands = self._candidates(view)
-        ontime = self._classify(now, cands) if cands else []
+        by_id = {c.req.id: c for c in cands}
+        self.lane.see(view, self.cost)
+        self.lane.settle(now, view, by_id)
+        ontime = self._classify(now, view, cands) if cands else []
         late = [c for c in cands if c.late]
         plan = self._plan(now, view, ontime, late)
-        head = self.lane.head()
-        if head is not None:
-            # running the head alone keeps every lane slack; anything else spends it
-            by_id = {c.req.id: c for c in cands}
-            spent = plan_seconds(self.cost, view, by_id, plan)
-            if head.req.id in plan.batch:
-                spent -= member_work(head, plan)
-            if self.lane.slack(now) < spent - 1e-9:
-                plan = self._lane_plan(view) or plan
+        if len(self.lane) and not self._keeps_promises(view, by_id, plan):
+            plan = self._promise_plan(now, view, by_id, ontime, late) or plan
         return self.with_pause(plan, view)
 
-    def _lane_plan(self, view: SchedulerView) -> StepPlan | None:
-        """A plan running the lane's head (or, when even offloading cannot make room for it,
-        the next member that fits); None when none fits."""
-        for c in self.lane.members():
+    def _keeps_promises(self, view, by_id: dict[str, Candidate], plan: StepPlan) -> bool:
+        """Does ``plan`` leave every lane slack >= 0 (``tail_lane``)?"""
+        work = {rid: member_work(by_id[rid], plan) for rid in plan.batch if rid in by_id}
+        return self.lane.allows(plan_seconds(self.cost, view, by_id, plan), work)
+
+    def _promise_plan(self, now, view, by_id, ontime, late) -> StepPlan | None:
+        """The first of the preferred heads (alone) whose run keeps every promise; else the
+        lane's head (or, when even offloading cannot make room for it, the next member
+        that fits); None when none fits."""
+        for n, c in enumerate(self._preference(now, ontime, late)):
+            if n >= self.promise_tries:
+                break
+            plan = self._head_plan(now, view, by_id, c, ontime, late)
+            if plan is not None and self._keeps_promises(view, by_id, plan):
+                return plan
+        active = {s.id: s for s in view.active}
+        for rid in self.lane.ids():
+            item = active.get(rid) or (view.waiting.get(rid) if rid in view.waiting else None)
+            if item is None:
+                continue
+            c = by_id.get(rid)
+            if c is not None:
+                plan = self._head_plan(now, view, by_id, c, ontime, late)
+                if plan is not None and self._keeps_promises(view, by_id, plan):
+                    return plan
             plan = StepPlan()
-            if self._fit(view, c.item, plan):
+            if self._fit(view, item, plan):
                 return plan
         return None
+
+    def _head_plan(self, now, view, by_id, head: Candidate, ontime, late) -> StepPlan | None:
+        """``head`` with the joiners ``_fill_batch`` takes, if that keeps every promise, else
+        alone; None when it does not fit."""
+        if self.batching and not group_of(head.item, view):
+            plan = StepPlan()
+            if self._fit(view, head.item, plan):
+                self._fill_batch(now, view, plan, head, ontime, late)
+                if len(plan.batch) > 1 and self._keeps_promises(view, by_id, plan):
+                    return plan
+        plan = StepPlan()
+        return plan if self._fit(view, head.item, plan) else None
 
     def _fit(self, view: SchedulerView, item, plan: StepPlan) -> bool:
         """Put ``item`` (and, for a part-done step, its group) in ``plan``, making room."""
@@ -316,9 +377,10 @@ class SloPolicy(Policy):
         if first is not None:
             yield first
         yield from ontime
-        rank = {c.req.id: n for n, c in enumerate(self.lane.members())}
+        pos = self.lane.positions()
+        behind = len(pos)  # a request the lane never saw (started by hand) goes last
         yield from sorted(
-            late, key=lambda c: late_order(now, c, self.alive_first, rank.get(c.req.id, -1))
+            late, key=lambda c: late_order(now, c, self.alive_first, pos.get(c.req.id, behind))
         )
 
     @staticmethod
@@ -378,3 +440,4 @@ class SloPolicy(Policy):
         for rid in report.finished:
             self._static.pop(rid, None)
             self.lane.forget(rid)
+            self._late.discard(rid)

@@ -2,7 +2,8 @@
 the HTTP ingress. Requests spread by backlog (not by count), refusals keep their status,
 /health and /metrics add the replicas up with per-replica labels, and a replica killed
 mid-request costs the client nothing: the request is re-routed and its image equals a
-single-device run's."""
+single-device run's; a parked request ordered off its replica moves through the object
+store to the other and the client gets one response, resumed at the step it left."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ from ditmem.models.request import GenerationRequest  # noqa: E402
 pytestmark = [pytest.mark.slow]
 
 CONFIG = EngineConfig(model="tiny-qwen-image", pool_mb=1, max_active=16, max_queued=32)
-BIG = {"prompt": "a lighthouse at dusk", "size": "512x512", "num_inference_steps": 40,
+# ~2 s alone by the profile (several on the replicas' half CPUs): long enough that the
+# tests' moves (routing small ones beside it, killing its replica) happen while it runs on
+# a machine several times faster than its profile, and checked to have (premise asserts)
+BIG = {"prompt": "a lighthouse at dusk", "size": "512x512", "num_inference_steps": 120,
        "seed": 9}
 SMALL = {"prompt": "a red fox", "size": "64x64", "num_inference_steps": 2}
 
@@ -34,9 +38,13 @@ SMALL = {"prompt": "a red fox", "size": "64x64", "num_inference_steps": 2}
 @pytest.fixture(scope="module")
 def app():
     from ditmem.deploy.app import DeployOptions
+    from ditmem.deploy.replica import MoveOptions
 
+    # The rebalancer carries out ordered moves only: the routing tests count where
+    # requests were sent, which a move of the rule's would add to.
     opts = DeployOptions(replicas=2, devices_per_replica=0.5, stats_period_s=0.5,
-                         post_period_s=0.25, reroutes=2, health_check_period_s=1.0)
+                         post_period_s=0.25, reroutes=2, health_check_period_s=1.0,
+                         moves=MoveOptions(period_s=0.2, rule=False))
     with ray_app(CONFIG, opts, num_cpus=2) as url:
         yield url
 
@@ -81,6 +89,30 @@ def wait_for(check, timeout_s, what):
     return value
 
 
+def big_done_after(big: dict, moment: float) -> bool:
+    return big.get("at", float("inf")) > moment
+
+
+def board_reports():
+    from ray import serve
+
+    return serve.get_deployment_handle("board", app_name="ditmem").snapshot.remote().result()
+
+
+def running_request(low=0.0, high=0.5, fresh_s=2.0):
+    """(replica, request id) of a request between ``low`` and ``high`` of its steps, as a
+    replica posted in the last ``fresh_s`` seconds (a dead replica's last report stays on
+    the board a while), or None."""
+    now = time.time()
+    for name, report in board_reports().items():
+        if now - report["at"] > fresh_s:
+            continue
+        for rid, done in report["progress"].items():
+            if low < done < high:
+                return name, rid
+    return None
+
+
 @pytest.mark.timeout(420)
 def test_requests_spread_by_backlog_not_by_count(app, reference):
     from ditmem.scheduler import CostModel, Request
@@ -98,7 +130,12 @@ def test_requests_spread_by_backlog_not_by_count(app, reference):
     assert work(BIG) > 10 * 5 * work(SMALL)
     before = {r["replica"]: r["routed"] for r in replicas(app)}
     big = {}
-    thread = threading.Thread(target=lambda: big.update(resp=post(app, BIG)))
+
+    def send_big():
+        big["resp"] = post(app, BIG)
+        big["at"] = time.monotonic()
+
+    thread = threading.Thread(target=send_big)
     thread.start()
     holder = wait_for(lambda: next((r["replica"] for r in replicas(app)
                                     if r["routed"] > before[r["replica"]]), None),
@@ -112,13 +149,23 @@ def test_requests_spread_by_backlog_not_by_count(app, reference):
     # runs a small one ahead of the big one and finishes it first, a right call that
     # this test does not ask about (tests/scheduler/test_sched_routing.py does).
     results: list = [None] * 5
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(
-        i, post(app, dict(SMALL, seed=100 + i, slo_ms=600_000)))) for i in range(5)]
+    done_at: list = [None] * 5
+
+    def small(i):
+        results[i] = post(app, dict(SMALL, seed=100 + i, slo_ms=600_000))
+        done_at[i] = time.monotonic()
+
+    threads = [threading.Thread(target=small, args=(i,)) for i in range(5)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    smalls_done = time.monotonic()
     thread.join(180)
+    # The premise: the big request was still running when the small ones were routed (they
+    # all finished before it), else there was no backlog to spread by.
+    assert "resp" in big and big_done_after(big, smalls_done), \
+        "the big request finished before the small ones: make BIG longer for this machine"
     assert all(r is not None and r.status_code == 200 for r in results), \
         [r and r.text[:200] for r in results]
     after = {r["replica"]: r["routed"] for r in replicas(app)}
@@ -155,10 +202,74 @@ def test_health_and_metrics_add_up_the_replicas(app):
         total = metric(text, "ditmem_requests_finished_total", outcome="completed")
         return text if total == sum(per) and min(per) > 0 else None
 
-    text = wait_for(settled, 10, "aggregated /metrics never matched the per-replica sum")
+    text = wait_for(settled, 30, "aggregated /metrics never matched the per-replica sum")
     assert all(metric(text, "ditmem_replica_up", replica=n) == 1.0 for n in names)
     health = httpx.get(f"{app}/health", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def wait_until_routed_to_both(url, timeout_s=60.0):
+    """Small requests one by one until both live replicas took one: the ingress's router
+    then has both among its candidates (after a replica was replaced it learns of the new
+    one some time after the board does)."""
+    before = {r["replica"]: r["routed"] for r in replicas(url)}
+    deadline = time.monotonic() + timeout_s
+    for i in range(40):
+        assert post(url, dict(SMALL, seed=500 + i)).status_code == 200
+        live = [r for r in replicas(url) if r["up"]]
+        if len(live) >= 2 and all(r["routed"] > before.get(r["replica"], 0) for r in live):
+            return
+        assert time.monotonic() < deadline, "the router never sent work to both replicas"
+        time.sleep(0.2)
+    raise AssertionError("the router never sent work to both replicas")
+
+
+@pytest.mark.timeout(420)
+def test_a_parked_request_moved_to_the_other_replica_resumes_there(app, reference):
+    from ray import serve
+
+    # ~6 s alone by the profile (the replicas' half CPUs run slower): time to order it off
+    body = dict(BIG, size="768x768", num_inference_steps=100, seed=41)
+    wait_until_routed_to_both(app)
+    text = httpx.get(f"{app}/metrics", timeout=10).text
+    moved, failed = metric(text, "ditmem_moved_total"), metric(text, "ditmem_move_failed_total")
+    out = {}
+    thread = threading.Thread(target=lambda: out.update(resp=post(app, body, 300)))
+    thread.start()
+
+    source, rid = wait_for(running_request, 60, "the request never started")
+    serve.get_deployment_handle("board", app_name="ditmem").order_move.remote(rid).result()
+    thread.join(300)
+    resp = out["resp"]
+    assert resp.status_code == 200, resp.text[:300]
+    timing = resp.json()["timing"]["requests"][0]
+    assert timing["id"] == rid
+    # Resumed, not restarted: the steps run on both replicas add up to the request's.
+    assert timing["steps"] == body["num_inference_steps"], timing
+    np.testing.assert_array_equal(png(resp.json()["data"][0]["b64_json"]), reference(body))
+    reports = board_reports()
+    log = [dict(e, replica=name) for name, r in reports.items() for e in r["moves"]["log"]
+           if e["id"] == rid]
+    outs = [e for e in log if e["dir"] == "out"]
+    ins = [e for e in log if e["dir"] == "in"]
+    assert len(outs) == len(ins) == 1, log
+    assert outs[0]["replica"] == source and ins[0]["replica"] != source
+    assert ins[0]["from"] == source
+    # the blob the adopter read is the one the exporter wrote, at the same step
+    assert ins[0]["digest"] == outs[0]["digest"]
+    assert 1 <= ins[0]["steps_done"] == outs[0]["steps_done"] < body["num_inference_steps"]
+    text = httpx.get(f"{app}/metrics", timeout=10).text
+    assert metric(text, "ditmem_moved_total") == moved + 1
+    assert metric(text, "ditmem_move_failed_total") == failed
+
+    def idle():  # no page left behind on either replica (the live ones: a replica killed
+        # earlier left its last report on the board)
+        now = time.time()
+        stats = [r["stats"] for r in board_reports().values() if now - r["at"] < 2.0]
+        return len(stats) >= 2 and all(s["pages_used"] == 0 and s["host_pages_used"] == 0
+                                       for s in stats)
+
+    wait_for(idle, 10, "pages left in use after the move")
 
 
 @pytest.mark.timeout(420)
@@ -168,10 +279,12 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(app, reference):
     out = {}
     thread = threading.Thread(target=lambda: out.update(resp=post(app, body, 300)))
     thread.start()
-    victim = wait_for(lambda: next((r for r in replicas(app) if r["running"] > 0), None),
-                      60, "the request never started on a replica")
-    time.sleep(0.3)
+    # Killed while it is under half done (by its replica's last post), not after a fixed
+    # time: on a fast machine the request could be finished by then.
+    name, _ = wait_for(running_request, 60, "the request never started on a replica")
+    victim = next(r for r in replicas(app) if r["replica"] == name)
     os.kill(victim["pid"], signal.SIGKILL)
+    assert "resp" not in out, "the request finished before its replica was killed"
     # The survivor keeps serving while the victim is gone.
     small = post(app, dict(SMALL, seed=3))
     assert small.status_code == 200, small.text[:300]

@@ -86,3 +86,185 @@ def test_ranks_are_one_replica_each_best_first(ray_router):
     # on time on both (it runs before busy's work due at 10, which still ends at 9): the
     # one holding less work ranks first
     assert [[r.replica_id.unique_id for r in rank] for rank in ranks] == [["idle"], ["busy"]]
+
+
+def test_a_handed_off_request_is_not_sent_back_where_it_came_from(ray_router):
+    a, b = fake_replica("a", {}), fake_replica("b", {})
+    job = {"request_id": "r", "blob": [None], "avoid": "a",
+           "route": {"id": "r", "work_s": 1.0, "pages": 1, "priority": 1, "deadline": 9.0}}
+    assert ray_router.avoid_of(pending(job)) == "a"
+    assert ray_router.avoid_of(pending({"request": None})) is None
+    assert ray_router.without_source([a, b], "a") == [b]
+    assert ray_router.without_source([a], "a") == [a]  # alone: back where it was
+    assert ray_router.without_source([a, b], None) == [a, b]
+
+
+def test_handoff_errors_keep_their_class_across_the_boundary():
+    from ditmem.engine.handoff import BadBlob, HandoffRefused
+
+    for exc in (BadBlob("page_bytes: 4096 vs 8192", "page_bytes"), HandoffRefused("full")):
+        back = rebuild_error(describe_error(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert getattr(back, "field", None) == getattr(exc, "field", None)
+
+
+# ---------------------------------------------------------------------------- rebalancer
+class FakeBoard:
+    """The board's two calls the rebalancer makes, answering ``reports`` and ``orders``."""
+
+    def __init__(self, reports, orders=()):
+        self.orders = list(orders)
+
+        async def take(replica, live):
+            mine = [r for r in self.orders if r in live]
+            self.orders = [r for r in self.orders if r not in mine]
+            return mine
+
+        async def snapshot():
+            return reports
+
+        self.take_orders = SimpleNamespace(remote=take)
+        self.snapshot = SimpleNamespace(remote=snapshot)
+
+
+def replica_on(engine, board, **moves):
+    """An ``EngineReplica`` without Ray Serve around it (its rebalancer's state only);
+    ``put`` keeps blobs in a dict instead of the object store."""
+    import collections
+
+    from ditmem.deploy.replica import EngineReplica, MoveOptions
+    from ditmem.engine.handoff import export_parked
+
+    r = object.__new__(EngineReplica)
+    r.name, r.engine, r.board = "here", engine, board
+    r.move_options = MoveOptions(**moves)
+    r.streams, r.outgoing, r.hops, r.adopted_at = set(), {}, {}, {}
+    r.move_book = RoutingBook()
+    r.move_log = collections.deque(maxlen=8)
+    r.moved = {"out": 0, "in": 0}
+    r.store = {}
+
+    def put(blob):
+        r.store[len(r.store)] = blob
+        return len(r.store) - 1
+
+    r.put = put
+    # the engine thread is this test: export directly (Handoff's queueing is tested with
+    # the engine, tests/engine/test_engine_handoff.py)
+    engine.handoff.export = lambda rid, source="": export_parked(engine, rid, source)
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny_gen():
+    from ditmem import models
+
+    return models.load("tiny-qwen-image")
+
+
+def parked_engine(gen):
+    """An unstarted engine where "p" (64x64, 30 steps) has run 2 steps and "x" (a big
+    request, never started) waits; deadlines set by hand (engine clock)."""
+    from ditmem.engine.factory import make_policy_and_cost
+    from ditmem.engine.loop import Engine
+    from ditmem.memory import HostPool, PagePool
+    from ditmem.models.request import GenerationRequest
+
+    policy, cost = make_policy_and_cost("slo", "cpu-tiny")
+    engine = Engine(gen, policy, cost, PagePool(256, 4096), HostPool(1024, 4096))
+    ticket = engine.submit(GenerationRequest(prompt="a fox", width=64, height=64,
+                                             num_inference_steps=30, seed=3,
+                                             request_id="p"), slo_ms=600_000)
+    while (engine.executor.active.get("p") is None
+           or engine.executor.active["p"].status.steps_done < 2):
+        engine.executor.iterate()
+    engine.submit(GenerationRequest(prompt="a city", width=1024, height=1024,
+                                    num_inference_steps=200, seed=4, request_id="x"),
+                  slo_ms=600_000)
+    engine.executor.take_intake()  # x waits; nothing runs until the test iterates again
+    return engine, ticket
+
+
+def run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_the_rebalancer_moves_a_request_late_here_and_on_time_elsewhere(tiny_gen):
+    import asyncio
+    import time
+
+    pytest.importorskip("ray", reason="ray[serve] is not installed")
+    engine, _ = parked_engine(tiny_gen)
+    jobs = engine.intake.live
+    now = engine.clock()
+    p_left = engine.cost.remaining_time(jobs["p"].sched, 2)
+    x_left = jobs["x"].sched.standalone_s
+    assert x_left > 10 * p_left
+    # x is due first and takes its time: p, due 2 s after its own rest, finishes late here
+    jobs["x"].sched.deadline = now + 1.0
+    jobs["p"].sched.deadline = now + p_left + 2.0
+    idle = load_of("there", [], 100, 100, time.time()).as_dict()
+    busy = load_of("there", [(1, time.time() + 0.5, 60.0)], 100, 100, time.time()).as_dict()
+
+    async def scenario(report, expect, **moves):
+        replica = replica_on(engine, FakeBoard({"there": {"at": time.time(),
+                                                          "load": report}}), **moves)
+        replica.streams.add("p")
+        ticket = engine.executor.active["p"].ticket
+        messages = []
+
+        async def follow():
+            async for m in replica._follow("p", ticket):
+                messages.append(m)
+
+        task = asyncio.get_running_loop().create_task(follow()) if expect else None
+        await replica._rebalance()
+        if task is not None:
+            await asyncio.wait_for(task, 5)
+        return replica, messages
+
+    replica, _ = run(scenario(busy, False))  # late there too: it stays
+    assert replica.moved["out"] == 0 and "p" in engine.executor.active
+    replica, _ = run(scenario(idle, False, rule=False))  # the rule off: it stays
+    assert replica.moved["out"] == 0 and "p" in engine.executor.active
+    replica, messages = run(scenario(idle, True, move_s=0.5))
+    assert replica.moved["out"] == 1 and "p" not in engine.executor.active
+    (moved,) = messages
+    assert moved["replica"] == "here" and moved["hops"] == 1 and moved["steps_done"] == 2
+    blob = replica.store[moved["moved"][0]]
+    assert blob.request_id == "p" and blob.steps_done == 2 and blob.source == "here"
+    route = RouteRequest(**moved["route"])
+    assert route.work_s == pytest.approx(p_left / engine.cost.correction(engine.model))
+    assert route.deadline == pytest.approx(time.time() + p_left + 2.0, abs=1.0)
+    assert replica.move_log[-1]["digest"] == blob.digest
+
+
+def test_an_ordered_move_happens_whatever_the_rule_says(tiny_gen):
+    import asyncio
+    import time
+
+    pytest.importorskip("ray", reason="ray[serve] is not installed")
+    engine, ticket = parked_engine(tiny_gen)  # p on time here: the rule keeps it
+
+    async def scenario():
+        replica = replica_on(engine, FakeBoard({}, orders=["p", "gone"]))
+        replica.streams.add("p")
+        messages = []
+
+        async def follow():
+            async for m in replica._follow("p", ticket):
+                messages.append(m)
+
+        task = asyncio.get_running_loop().create_task(follow())
+        await replica._rebalance()
+        await asyncio.wait_for(task, 5)
+        return replica, messages
+
+    start = time.monotonic()
+    replica, messages = run(scenario())
+    assert time.monotonic() - start < 5
+    assert replica.moved["out"] == 1 and "moved" in messages[0]
+    assert replica.move_log[-1]["why"] == "ordered"
+    assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0

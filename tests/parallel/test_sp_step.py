@@ -99,3 +99,75 @@ def test_wan_degree_two_step_equals_degree_one_cached_text_kv():
 
 def test_wan_degree_two_step_equals_degree_one_packed_text():
     _check_wan(False)
+
+
+def _wan_steps_rank(rank, groups, two_experts):
+    """Rank ``rank``: 4 whole Wan steps (UniPC multistep history, CFG, two experts when
+    asked) at degree 2 on states re-sharded by the node engine's own move, then moved
+    back to degree 1 on device 0; and on device 0 the same requests stepped at degree 1."""
+    import ditmem.models as dm
+    from ditmem.memory import PagePool
+    from ditmem.parallel.sp_step import sharded_step
+    from ditmem.parallel.state_moves import reshard
+    from ditmem.parallel.token_rows import rows_of
+
+    gen = dm.load("tiny-wan", two_experts=two_experts)
+    layout = rows_of(gen)
+    pool = PagePool(1024, 1 << 14)
+    group = groups[(0, 1)]
+
+    def requests(tag):
+        return [  # 48, 30 and 9 video tokens (9: uneven shards)
+            dm.GenerationRequest("a cat on a boat", width=64, height=64, num_frames=9,
+                                 num_inference_steps=4, guidance_scale=5.0,
+                                 negative_prompt="ugly", seed=1, request_id=f"{tag}a"),
+            dm.GenerationRequest("a dog running", width=48, height=80, num_frames=5,
+                                 num_inference_steps=4, guidance_scale=1.0, seed=2,
+                                 request_id=f"{tag}b"),
+            dm.GenerationRequest("rain", width=48, height=48, num_frames=1,
+                                 num_inference_steps=4, guidance_scale=1.0, seed=3,
+                                 request_id=f"{tag}c"),
+        ]
+
+    parts = []
+    for r in requests("sp"):
+        mine = gen.encode(r, pool) if rank == 0 else None
+        parts.append(reshard(mine, group, (0, 1), rank, (0,), (0, 1), pool, r.request_id,
+                             layout))
+    tokens = [p.scalars["tokens"] for p in parts]
+    rows = [p.get("latents").shape for p in parts]
+    experts = [list(p.scalars["experts"]) for p in parts]
+    for _ in range(4):
+        sharded_step(gen, parts, group, rank, 2)
+    back = [reshard(p, group, (0, 1), rank, (0, 1), (0,), pool, p.request_id, layout)
+            for p in parts]
+    if rank:
+        assert all(b is None for b in back) and pool.num_used_pages == 0
+        return tokens, rows, experts, None, None
+    refs = [gen.encode(r, pool) for r in requests("ref")]
+    for _ in range(4):
+        gen.step(refs)
+    return (tokens, rows, experts, [b.get("latents") for b in back],
+            [s.get("latents") for s in refs])
+
+
+def _check_wan_steps(two_experts: bool):
+    (tokens, rows0, experts, got, want), (_, rows1, _, _, _) = run_ranks(
+        _wan_steps_rank, 2, (two_experts,))
+    for n, r0, r1 in zip(tokens, rows0, rows1, strict=True):
+        assert r0[1] + r1[1] == n and abs(r0[1] - r1[1]) <= 1  # token rows, split by rank
+    assert any(n % 2 for n in tokens)  # an odd count: uneven shards
+    if two_experts:
+        assert all(len(set(e)) == 2 for e in experts)  # the step that switches transformer
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.ndim == 5
+        assert _close(g, w) <= TOL
+
+
+def test_wan_steps_at_degree_two_equal_degree_one():
+    _check_wan_steps(False)
+
+
+@pytest.mark.slow
+def test_wan_steps_at_degree_two_equal_degree_one_with_two_experts():
+    _check_wan_steps(True)

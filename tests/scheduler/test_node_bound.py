@@ -1,11 +1,22 @@
-"""The D-device bound: hand-computed cases, and no policy ever beats it (hypothesis)."""
+"""The D-device bounds (attainment, latency floor and latency bound): hand-computed cases, and
+no policy ever beats them (hypothesis)."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from node_factories import node_cost, run
 from sched_factories import req
 
-from ditmem.scheduler.node.bound import clairvoyant_node_misses, min_node_misses
+from ditmem.scheduler.metrics import percentile
+from ditmem.scheduler.node.bound import (
+    StepFloors,
+    clairvoyant_node_misses,
+    latency_bound,
+    latency_floor,
+    least_device_seconds,
+    least_latency,
+    min_node_misses,
+)
 from ditmem.scheduler.node.policies import NODE_POLICIES
 
 
@@ -65,3 +76,72 @@ def test_no_policy_beats_the_bound(specs, devices):
         for r, orig in zip(fresh, rs, strict=True):
             r.deadline, r.standalone_s = orig.deadline, orig.standalone_s
         assert _misses(run(fresh, policy, devices, nc)) >= bound, policy
+
+
+# ---- latency floor and latency bound ----------------------------------------------------
+
+
+def test_least_latency_and_device_seconds_by_hand():
+    # 1024², 4 steps of 4 s at degree 1; speed-up 2 at degree 2, 3.2 at degree 4 (the batch
+    # total cannot pass the table's last point): steps of 4, 2 and 1.25 s.
+    nc = node_cost()
+    r = req("r", 0, size=1024, steps=4, cost=nc.cost)
+    floors = StepFloors([r], nc, (1, 2, 4))
+    assert floors.durations(r) == pytest.approx((4.0, 2.0, 1.25))
+    assert least_latency(r, floors) == pytest.approx(5.0)
+    assert least_device_seconds(r, floors, 16.0) == pytest.approx(16.0)  # all at degree 1
+    assert least_device_seconds(r, floors, 8.0) == pytest.approx(16.0)  # all at degree 2
+    # 6.5 s: 2 steps at degree 2 (2 s, 4 device-s each) + 2 at degree 4 (1.25 s, 5 each).
+    assert least_device_seconds(r, floors, 6.5) == pytest.approx(18.0)
+    assert least_device_seconds(r, floors, 5.0) == pytest.approx(20.0)
+    assert least_device_seconds(r, floors, 4.9) == float("inf")
+
+
+def test_latency_floor_is_the_percentile_of_least_latencies():
+    nc = node_cost()
+    small = [req(f"s{i}", i, size=512, steps=4, cost=nc.cost) for i in range(19)]
+    big = req("b", 0, size=1024, steps=4, cost=nc.cost)
+    # On one device: 4 steps of 1 s.
+    assert latency_floor(small, nc, (1,)) == pytest.approx(4.0)
+    # On 4, a 512² may share a step of 4 × 1,024 tokens, whose speed-up at degree 4 is the
+    # table's 3.2: the floor credits its own 1-s share with it (1/3.2 s per step, 1.25 s for
+    # 4 steps; loose — the partners' shares are not counted — but sound). The 1024²: 5 s.
+    # 20 requests: the P95 interpolates between the 19th (1.25 s) and the 20th (5 s) at
+    # 0.05: 1.4375 s; the maximum is 5 s.
+    assert latency_floor(small, nc, (1, 2, 4)) == pytest.approx(1.25)
+    assert latency_floor(small + [big], nc, (1, 2, 4)) == pytest.approx(1.4375)
+    assert latency_floor(small + [big], nc, (1, 2, 4), 100) == pytest.approx(5.0)
+
+
+def test_latency_bound_sees_the_capacity():
+    # Two 1024² at t=0 on 2 devices: each needs 16 device-s at any degree (speed-up 2 at
+    # degree 2 is perfect), so both done within X needs 32 <= 2X: the max is >= 16 s, and
+    # running them one after the other at degree 2 reaches it. The floor alone says 8 s.
+    nc = node_cost()
+    rs = [req(i, 0, size=1024, steps=4, cost=nc.cost) for i in "ab"]
+    assert latency_floor(rs, nc, (1, 2), 100) == pytest.approx(8.0)
+    bound = latency_bound([rs], nc, 2, (1, 2), 100, tol=0.01)
+    assert 15.98 <= bound <= 16.0
+    best = run([r.resubmitted(0.0) for r in rs], "fifo", 2, nc, baseline_degree=2)
+    assert max(r.latency for r in best.records) == pytest.approx(16.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(_request, min_size=1, max_size=9), st.sampled_from([1, 2, 4]))
+def test_no_policy_beats_the_latency_bound(specs, devices):
+    nc = node_cost()
+    degrees = tuple(d for d in (1, 2, 4) if d <= devices)
+    rs = [
+        req(f"r{i}", at, size=size, steps=steps, priority=p, cost=nc.cost, scale=scale)
+        for i, (at, size, steps, scale, p) in enumerate(specs)
+    ]
+    bounds = {q: latency_bound([rs], nc, devices, degrees, q, tol=0.01) for q in (50, 95, 100)}
+    for q, b in bounds.items():
+        assert b >= latency_floor(rs, nc, degrees, q) - 1e-9
+    for policy in NODE_POLICIES:
+        fresh = [r.resubmitted(r.arrival) for r in rs]
+        for r, orig in zip(fresh, rs, strict=True):
+            r.deadline, r.standalone_s = orig.deadline, orig.standalone_s
+        lat = [r.latency for r in run(fresh, policy, devices, nc).records]
+        for q, b in bounds.items():
+            assert percentile(lat, q) >= b - 1e-9, (policy, q)

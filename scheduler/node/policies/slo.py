@@ -3,6 +3,24 @@
 Decided whenever devices are idle and something changed (an arrival, a step's end), over
 the paused started requests and the first ``window`` waiting ones by deadline:
 
+0. **The FIFO promise** (``guard``). Every arrival is queued in a shadow of the best static
+   FIFO deployment (``guard_degree`` replicas' worth: D / d replicas of degree d, each
+   request's predicted standalone time at d, run to completion; ``ditmem.scheduler.
+   fifo_shadow``): its FIFO finish f_i and a promise ``max(f_i, A_i + F_i)``, F_i the
+   running ``guard_quantile`` of the shadow's flows (1: the running maximum). A promise
+   kept for every request bounds the maximum latency by FIFO's (and, with quantile q, each
+   flow by max(own FIFO flow, F_i)). Promises are nondecreasing in arrival order, so an
+   as-late-as-possible list schedule at degree 1 of the started and the first ``window``
+   waiting requests by arrival, latest promise first on D devices (``guard_margin`` on each
+   remaining time for timing error), gives each its latest start; a request whose latest
+   start falls within one of its steps is *critical* and is placed first, at the least
+   degree that still keeps its promise (the largest free one when none does), after only
+   the starving and the on-time requests within ``guard_yield`` of their SLO window from
+   missing it (0: the promises go first; the trade-off is measured in
+   docs/results/node.md). On a node
+   work is not conserved exactly (a step at degree d > 1 costs more device-seconds than at
+   1), so this is a check, not a proof: how often promises hold is measured.
+
 1. **Degree needed.** For each request, the least degree d whose predicted time alone
    from now meets its deadline; its *work* is d × that time (device-seconds).
 2. **Give up early (node capacity).** On-time requests by deadline, running ones included,
@@ -38,6 +56,7 @@ from __future__ import annotations
 
 import heapq
 
+from ...fifo_shadow import FifoShadow, FlowBound
 from ...policies.forecast import ArrivalForecast
 from ...request import Request
 from ..cost import NodeCost
@@ -53,13 +72,14 @@ class _Cand:
 
     __slots__ = (
         "item", "req", "steps_left", "started", "home", "tau", "corr", "dec", "enc",
-        "need", "work", "late", "cap",
+        "need", "work", "late", "cap", "promise",
     )
 
     def __init__(self, item, req, steps_left, started, home, tau, corr, dec, enc):
         self.item, self.req, self.steps_left, self.started = item, req, steps_left, started
         self.home, self.tau, self.corr, self.dec, self.enc = home, tau, corr, dec, enc
         self.need, self.work, self.late, self.cap = 0, INF, False, 0.0
+        self.promise = INF
 
     def step(self, k: int) -> float:
         """One step alone at the k-th node degree."""
@@ -78,7 +98,8 @@ class NodeSloPolicy(NodePolicy):
     (fraction of the SLO window), ``longest`` and ``efficiency`` (step 4), ``reserve``
     (step 5), ``batching``, ``min_gain`` and ``margin`` (step 6: fraction of a member's
     remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
-    past the deadline before a late request goes first)."""
+    past the deadline before a late request goes first), ``guard``, ``guard_degree``,
+    ``guard_quantile``, ``guard_margin`` and ``guard_yield`` (step 0)."""
 
     name = "slo"
 
@@ -99,6 +120,11 @@ class NodeSloPolicy(NodePolicy):
         spare: bool = True,
         aging: float = 10.0,
         margin: float = 0.1,
+        guard: bool = True,
+        guard_degree: int = 1,
+        guard_quantile: float = 1.0,
+        guard_margin: float = 0.05,
+        guard_yield: float = 0.1,
     ):
         super().__init__(ncost, node)
         self.window = window
@@ -114,6 +140,15 @@ class NodeSloPolicy(NodePolicy):
         self.aging = aging
         self.margin = margin
         self._static: dict[str, tuple] = {}
+        self.guard = guard
+        self.guard_degree = guard_degree
+        self.guard_margin = guard_margin
+        self.guard_yield = guard_yield
+        replicas = len(node.groups(guard_degree))  # validates the degree against the node
+        self.shadow = FifoShadow(replicas)
+        self.flows = FlowBound(guard_quantile)
+        #: id → promised finish (s), kept after the request finishes (to measure).
+        self.promises: dict[str, float] = {}
         # Degree 4 (or the node's largest below it) decides whether a request "scales".
         self._k4 = min(2, len(node.degrees) - 1)
 
@@ -164,8 +199,66 @@ class NodeSloPolicy(NodePolicy):
         return [c for c in ontime if not c.late]
 
     # ---- the decision ------------------------------------------------------------------
+    def _promise_new(self, view: NodeView) -> None:
+        """Step 0: queue the arrivals since the last decision in the FIFO shadow."""
+        d = self.guard_degree
+        for r in view.waiting.arrived_after(self.shadow.latest):
+            if r.id in self.shadow:
+                continue
+            entry = self.shadow.add(r.id, r.arrival, self.ncost.standalone(r, d))
+            budget = self.flows.see(entry.flow)
+            self.promises[r.id] = max(entry.finish, r.arrival + budget)
+
+    def _place_critical(self, now, view, placer, cands, running, placed, done) -> None:
+        """Step 0's placement: the critical requests among ``cands`` (paused and the
+        deadline window) and the first ``window`` waiting by arrival, by promise."""
+        seen = {c.req.id for c in cands}
+        extra = [
+            self._cand(r, r, 0, None, now)
+            for r in view.waiting.iter_by("arrival", self.window)
+            if r.id not in seen
+        ]
+        for c in self._critical(now, cands + extra, running):
+            if id(c) in done or not placer.available:
+                continue
+            a = self._place(placer, c, self._promise_degree(now, c)) or self._place(placer, c, 1)
+            if a is not None:
+                placed.append((a, [c]))
+                done.add(id(c))
+
+    def _critical(self, now: float, cands: list[_Cand], running: list[_Cand]) -> list[_Cand]:
+        """Step 0's check: the not-running candidates whose as-late-as-possible start (list
+        schedule at degree 1, latest promise first, on D devices) is within one step."""
+        pool = cands + running
+        for c in pool:
+            c.promise = self.promises.get(c.req.id, INF)
+        pool.sort(key=lambda c: c.promise, reverse=True)
+        free_until = [-INF] * self.node.devices  # negated: a max-heap of latest free times
+        grow = 1.0 + self.guard_margin
+        out = []
+        for c in pool:
+            latest = -heapq.heappop(free_until)
+            start = min(c.promise, latest) - c.rem(0) * grow
+            heapq.heappush(free_until, -start)
+            if start - now <= c.step(0) * grow and not (
+                isinstance(c.item, NodeStatus) and c.item.running
+            ):
+                out.append(c)
+        out.sort(key=lambda c: c.promise)
+        return out
+
+    def _promise_degree(self, now: float, c: _Cand) -> int:
+        """The least degree that still keeps ``c``'s promise as predicted (the margin only
+        makes it critical sooner; the largest degree when none does)."""
+        for k, d in enumerate(self.node.degrees):
+            if now + c.rem(k) <= c.promise + 1e-9:
+                return d
+        return self.node.degrees[-1]
+
     def schedule(self, view: NodeView) -> NodePlan:
         now = view.now
+        if self.guard:
+            self._promise_new(view)
         if self.forecast is not None:
             self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
         cands = [self._cand(s, s.request, s.steps_done, s.group, now) for s in view.paused]
@@ -185,7 +278,15 @@ class NodeSloPolicy(NodePolicy):
         done: set[int] = set()
         starving = [c for c in late if self._starving(now, c)]
         urgent = [c for c in ontime if self._urgent(now, c)]
-        left = self._place_all(placer, view, starving + urgent, placed, done)
+        left: list[_Cand] = []
+        if self.guard and self.guard_yield > 0:
+            # On-time requests within ``guard_yield`` of their SLO window from missing it go
+            # before the promises.
+            tight = [c for c in urgent if self._urgent(now, c, self.guard_yield)]
+            left += self._place_all(placer, view, starving + tight, placed, done)
+        if self.guard:
+            self._place_critical(now, view, placer, cands, running, placed, done)
+        left += self._place_all(placer, view, starving + urgent, placed, done)
         targets = self._targets(now, ontime, everyone) if not starving else []
         for c, degree in targets:
             if id(c) not in done and self._place_target(placer, c, degree, placed):
@@ -247,10 +348,12 @@ class NodeSloPolicy(NodePolicy):
         k = self._k4
         return k > 0 and c.tau[0] / c.tau[k] / self.node.degrees[k] >= self.efficiency
 
-    def _urgent(self, now: float, c: _Cand) -> bool:
-        """Whether ``c`` has used up all but ``urgent`` of its SLO window as slack."""
+    def _urgent(self, now: float, c: _Cand, fraction: float | None = None) -> bool:
+        """Whether ``c`` has used up all but ``fraction`` (default ``urgent``) of its SLO
+        window as slack."""
         k = self.node.degrees.index(c.need)
-        return c.req.deadline - now - c.rem(k) < self.urgent * (c.req.deadline - c.req.arrival)
+        fraction = self.urgent if fraction is None else fraction
+        return c.req.deadline - now - c.rem(k) < fraction * (c.req.deadline - c.req.arrival)
 
     def _targets(self, now: float, ontime: list[_Cand], everyone: list[_Cand]):
         """Step 4's choice: up to ``longest`` scaling on-time requests (largest tier first,

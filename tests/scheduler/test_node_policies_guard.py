@@ -1,0 +1,70 @@
+"""slo's FIFO promise on a node (step 0 of scheduler/node/policies/slo.py): promises from the
+FIFO shadow against the simulated fifo baseline, and the guard keeping them by hand."""
+
+from node_factories import node_cost
+from sched_factories import req
+
+from ditmem.scheduler.node.policies import make_node_policy
+from ditmem.scheduler.node.simulator import simulate_node
+from ditmem.scheduler.node.topology import Node
+from ditmem.scheduler.noise import TimingNoise
+
+
+def _simulate(requests, policy, devices, nc, **options):
+    node = Node(devices, nc.links)
+    pol = make_node_policy(policy, nc, node, **options)
+    result = simulate_node(requests, pol, node, noise=TimingNoise(0.0))
+    return pol, {r.request.id: r for r in result.records}
+
+
+def _stream(nc):
+    """A 1024² (4 steps of 4 s, SLO 48 s) at 0, then a 512² (4 s, SLO 12 s) every 4 s."""
+    rs = [req("L", 0, size=1024, steps=4, cost=nc.cost)]
+    return rs + [req(f"s{i}", 1 + 4 * i, size=512, steps=4, cost=nc.cost) for i in range(6)]
+
+
+def test_promises_are_fifo_finishes_raised_to_the_running_max_flow():
+    nc = node_cost()
+    specs = [(0, 1024), (0, 512), (0.5, 512), (1, 1024), (2, 512), (3, 512), (9, 1024), (30, 512)]
+    trace = [req(f"r{i}", at, size=size, steps=4, cost=nc.cost) for i, (at, size) in
+             enumerate(specs)]
+    _, fifo = _simulate([r.resubmitted(r.arrival) for r in trace], "fifo", 2, nc)
+    pol, _ = _simulate(trace, "slo", 2, nc, forecast=False)
+    worst = 0.0
+    for r in trace:  # arrival order
+        worst = max(worst, fifo[r.id].latency)
+        assert pol.promises[r.id] == r.arrival + worst
+        assert pol.promises[r.id] >= fifo[r.id].finished
+
+
+def test_the_guard_keeps_the_fifo_finish_of_a_large_request_in_a_stream():
+    nc = node_cost()
+    # Without the guard the large request yields to the stream of small ones (earlier
+    # deadlines) and finishes last, at 40 s; FIFO finishes it at 16 s.
+    _, off = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard=False)
+    assert off["L"].finished == 40.0
+    assert all(r.met for r in off.values())
+    # With every promise first (guard_yield 0) it keeps FIFO's 16 s, and every request its
+    # promise: on one device with no slack that is FIFO's own schedule.
+    pol, on = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.0)
+    assert on["L"].finished == 16.0
+    assert all(r.finished <= pol.promises[rid] + 1e-9 for rid, r in on.items())
+    assert [on[f"s{i}"].finished for i in range(6)] == [20.0, 24.0, 28.0, 32.0, 36.0, 40.0]
+
+
+def test_requests_about_to_miss_their_slo_go_before_the_promises():
+    nc = node_cost()
+    # guard_yield 0.1: a small request within 1.2 s (0.1 × 12 s) of missing goes first, so
+    # every small one meets its SLO and the large one's promise (16 s) is broken.
+    pol, out = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.1)
+    assert all(r.met for r in out.values())
+    assert out["L"].finished > pol.promises["L"]
+    # The large one still ran its first two steps first (critical from t = 0): s0 (due at
+    # 13 s) waits until 8 s, when only 1 s of its slack is left.
+    assert out["s0"].finished == 12.0
+
+
+def test_the_guard_is_off_when_asked():
+    nc = node_cost()
+    pol, _ = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard=False)
+    assert pol.promises == {}
