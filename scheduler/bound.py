@@ -87,13 +87,18 @@ def min_misses(
     jobs = sorted(((r.arrival, r.deadline, cost_of(r)) for r in requests), key=lambda j: j[0])
     if horizon is None:
         horizon = 16 * max(d - a for a, d, _ in jobs)
-    count = _moore_hodgson if windows == "moore-hodgson" else _single_deadline
-    found = _windows(jobs, horizon, count)
-    if windows == "moore-hodgson":
-        # The mirror image (time reversed): deadlines relaxed to t2, arrivals kept.
-        mirror = sorted(((-d, -a, p) for a, d, p in jobs), key=lambda j: j[0])
-        found += [(-t2, -t1, n) for t1, t2, n in _windows(mirror, horizon, count)]
-    return _best_disjoint(found)
+    if windows == "single":
+        return _best_disjoint(_windows(jobs, horizon, _single_deadline))
+    return _best_disjoint(moore_hodgson_windows(jobs, horizon))
+
+
+def moore_hodgson_windows(jobs: list, horizon: float) -> list[tuple[float, float, int]]:
+    """Windows ``(t1, t2, misses)`` with Moore–Hodgson's count, arrivals relaxed to t1, and
+    their mirror image (time reversed: deadlines relaxed to t2, arrivals kept); ``jobs`` =
+    (arrival, deadline, work) by arrival."""
+    found = _windows(jobs, horizon, _moore_hodgson)
+    mirror = sorted(((-d, -a, p) for a, d, p in jobs), key=lambda j: j[0])
+    return found + [(-t2, -t1, n) for t1, t2, n in _windows(mirror, horizon, _moore_hodgson)]
 
 
 def _windows(jobs: list, horizon: float, count) -> list[tuple[float, float, int]]:

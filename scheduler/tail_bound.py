@@ -20,7 +20,8 @@ arrival in the window to t1 and every latest finish to t2; any schedule then sti
 fit, in ``t2 − t1`` of device time, the on-time members of K by their deadlines and all of
 J. Two consequences, each a lower bound on the misses among K:
 
-* Moore–Hodgson on K alone (``bound.min_misses``' per-window rule), and
+* Moore–Hodgson on K alone (``bound.min_misses``' per-window rule, and its mirror image
+  with deadlines relaxed instead: the tail constraint only removes schedules), and
 * a knapsack: J's work ``M`` is spent in the window whatever happens, so the on-time
   members of K outside J fit in ``t2 − t1 − M``; at most the smallest ones that fit can be
   on time (exact for a count), and every other member of K \\ J misses.
@@ -39,7 +40,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping, Sequence
 
-from .bound import _best_disjoint, _moore_hodgson, _windows, trace_work
+from .bound import _best_disjoint, moore_hodgson_windows, trace_work
 from .cost import CostModel
 from .request import Request
 
@@ -105,7 +106,7 @@ def min_misses_within(
                   key=lambda j: j[0])
     if horizon is None:
         horizon = max(16 * max(d - a for a, d, _, _ in jobs), 3 * max(flows))
-    found = _windows([(a, d, p) for a, d, p, _ in jobs], horizon, _moore_hodgson)
+    found = moore_hodgson_windows([(a, d, p) for a, d, p, _ in jobs], horizon)
     found += _knapsack_windows(jobs, horizon)
     return _best_disjoint(found)
 

@@ -10,6 +10,11 @@ table shows each and the median. Then the router's decision time: the function
 replicas with reported stats and a routing book, for 2 to 32 replicas.
 
     python benchmarks/deploy/bench_router.py [--requests 80] [--seeds 0 1] [--json OUT]
+
+``--arms`` picks the applications compared: ``ditmem`` (the ditmem router, its replicas'
+rebalancer migrating late parked requests), ``ditmem-static`` (the same router, no
+migration: ``--move-period 0``) and ``ray`` (Ray's default router; moves only on order).
+``--arms ditmem ditmem-static`` measures migration against none, side by side.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 from types import SimpleNamespace
 
 ROUTERS = ("ditmem", "ray")
+ARMS = ("ditmem", "ditmem-static", "ray")
 
 
 def parse_args(argv=None):
@@ -43,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--speed", type=float, default=None,
                    help="capacity of one replica relative to the profile (default: "
                         "measured in the warm-up: 1 / the replicas' median correction)")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ROUTERS),
+                   help="applications run side by side (module docstring)")
     p.add_argument("--decision-only", action="store_true", help="skip the Ray runs")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
@@ -99,11 +107,11 @@ def build_trace(args, seed: int, cost, speed: float):
     return requests
 
 
-async def replay_both(base: str, requests) -> dict:
+async def replay_both(base: str, requests, arms=ROUTERS) -> dict:
     from ditmem.server.bench import run_load
 
     runs = {}
-    for name in ROUTERS:
+    for name in arms:
         ns = SimpleNamespace(url=f"{base}/{name}", api_key=None, max_concurrency=512,
                              timeout=900.0, endpoint="images")
         runs[name] = run_load(ns, copy.deepcopy(requests))
@@ -121,8 +129,28 @@ def routed_counts(url: str) -> dict[str, int]:
     return {r["replica"]: r["routed"] for r in replica_rows(url)}
 
 
-def run_ray(args, cost) -> list[dict]:
+def moved_count(url: str) -> float:
+    """``ditmem_moved_total`` of an application's ingress."""
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("ditmem_moved_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def arm_options(name: str, args):
     from ditmem.deploy.app import DeployOptions
+    from ditmem.deploy.replica import MoveOptions
+
+    router = "ray" if name == "ray" else "ditmem"
+    moves = (MoveOptions(period_s=0.0) if name == "ditmem-static"
+             else MoveOptions(rule=router == "ditmem"))
+    return DeployOptions(replicas=2, router=router, moves=moves,
+                         devices_per_replica=args.cpus_per_replica)
+
+
+def run_ray(args, cost) -> list[dict]:
     from ditmem.deploy.local import local_apps
     from ditmem.engine.factory import EngineConfig
     from ditmem.scheduler.metrics import summarize
@@ -131,28 +159,28 @@ def run_ray(args, cost) -> list[dict]:
     config = EngineConfig(model="tiny-qwen-image", pool_mb=16, max_active=32,
                           max_queued=256, profile=os.path.abspath(args.profile),
                           slo_scale=args.slo_scale)
-    apps = {f"/{name}": (config, DeployOptions(replicas=2, router=name,
-                                               devices_per_replica=args.cpus_per_replica))
-            for name in ROUTERS}
+    arms = tuple(args.arms)
+    apps = {f"/{name}": (config, arm_options(name, args)) for name in arms}
     rows = []
     with local_apps(apps, num_cpus=4 * args.cpus_per_replica) as base:
         warm = build_trace(args, 999, cost, 1.0)[:8]
         for r in warm:
             r.arrival = 0.0
-        asyncio.run(replay_both(base, warm))
+        asyncio.run(replay_both(base, warm, arms))
         time.sleep(1.0)
         speed = args.speed
         if speed is None:
-            corrections = [r["speed"] for n in ROUTERS for r in replica_rows(f"{base}/{n}")]
+            corrections = [r["speed"] for n in arms for r in replica_rows(f"{base}/{n}")]
             speed = 1.0 / statistics.median(corrections)
         print(f"replica speed vs the profile: {speed:.3f}")
         for seed in args.seeds:
-            before = {n: routed_counts(f"{base}/{n}") for n in ROUTERS}
+            before = {n: routed_counts(f"{base}/{n}") for n in arms}
+            moved_before = {n: moved_count(f"{base}/{n}") for n in arms}
             requests = build_trace(args, seed, cost, speed)
             started = time.perf_counter()
-            outcomes = asyncio.run(replay_both(base, requests))
+            outcomes = asyncio.run(replay_both(base, requests, arms))
             wall = time.perf_counter() - started
-            for name in ROUTERS:
+            for name in arms:
                 s = summarize(to_records(outcomes[name]))
                 after = routed_counts(f"{base}/{name}")
                 rows.append({"seed": seed, "router": name, "requests": len(requests),
@@ -161,21 +189,22 @@ def run_ray(args, cost) -> list[dict]:
                              "p95_s": s["p95_s"], "p99_s": s["p99_s"],
                              "routed": sorted((n - before[name].get(k, 0)
                                                for k, n in after.items()), reverse=True),
+                             "moved": moved_count(f"{base}/{name}") - moved_before[name],
                              "wall_s": wall, "speed": speed})
     return rows
 
 
-def print_rows(rows: list[dict]) -> None:
-    print(f"{'seed':>4} {'router':>7} {'attain':>7} {'P50 s':>7} {'P95 s':>7} {'P99 s':>7} "
-          f"{'failed':>6}  split")
+def print_rows(rows: list[dict], arms=ROUTERS) -> None:
+    print(f"{'seed':>4} {'arm':>13} {'attain':>7} {'P50 s':>7} {'P95 s':>7} {'P99 s':>7} "
+          f"{'failed':>6} {'moved':>5}  split")
     for r in rows:
-        print(f"{r['seed']:>4} {r['router']:>7} {100 * r['attainment']:6.1f}% "
-              f"{r['p50_s']:7.2f} {r['p95_s']:7.2f} {r['p99_s']:7.2f} {r['failed']:>6}  "
-              f"{r['routed']}")
-    for name in ROUTERS:
+        print(f"{r['seed']:>4} {r['router']:>13} {100 * r['attainment']:6.1f}% "
+              f"{r['p50_s']:7.2f} {r['p95_s']:7.2f} {r['p99_s']:7.2f} {r['failed']:>6} "
+              f"{r.get('moved', 0):>5.0f}  {r['routed']}")
+    for name in arms:
         mine = [r for r in rows if r["router"] == name]
         if mine:
-            print(f"{'med':>4} {name:>7} "
+            print(f"{'med':>4} {name:>13} "
                   f"{100 * statistics.median(r['attainment'] for r in mine):6.1f}% "
                   f"{statistics.median(r['p50_s'] for r in mine):7.2f} "
                   f"{statistics.median(r['p95_s'] for r in mine):7.2f} "
@@ -197,8 +226,8 @@ def main(argv=None) -> int:
     if rows:
         print(f"\n{args.workload} / {args.divisor}, {args.requests} requests, rho "
               f"{args.load} per router, {args.arrival}, 2 replicas x "
-              f"{args.cpus_per_replica} CPU per router, both routers at once:")
-        print_rows(rows)
+              f"{args.cpus_per_replica} CPU per application, all at once:")
+        print_rows(rows, args.arms)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": platform.platform(),

@@ -36,16 +36,28 @@ from ditmem.scheduler.node.experiment import (
 RESULTS = Path(__file__).resolve().parent / "results"
 DEVICES = 8
 RUNS = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("fifo", 8), ("srtf", 1), ("elastic-np", 1),
-        ("slo", 1)]
+        ("slo-noguard", 1), ("slo", 1)]
 HEAD = (
     f"{'policy':<12} {'workload':<16} {'load':>4} {'reqs':>6} {'att%':>7} {'p0%':>7} "
     f"{'P50':>7} {'P95':>7} {'P99':>7} {'max':>7} {'deg':>5}"
 )
 
 
+#: Run names that are a policy with options: slo without its FIFO promise (step 0).
+VARIANTS = {"slo-noguard": ("slo", {"guard": False})}
+
+
 def label(row: dict) -> str:
     d = row["baseline_degree"]
-    return row["policy"] if d is None else f"{row['policy']} d={d}"
+    name = row.get("variant") or row["policy"]
+    return name if d is None else f"{name} d={d}"
+
+
+def promised(row: dict) -> str:
+    """Promises kept (%) and the most one was broken by (s), for rows that make them."""
+    if "promises_kept" not in row:
+        return ""
+    return f"  kept {100 * row['promises_kept']:.2f} % (late <= {row['promise_late_max_s']:.1f} s)"
 
 
 def show(row: dict) -> str:
@@ -56,7 +68,7 @@ def show(row: dict) -> str:
     return (
         f"{label(row):<12} {row['workload']:<16} {row['load']:4.2f} {row['requests']:6d} "
         f"{100 * row['slo_attainment']:7.2f} {p0s:>7} {row['p50_s']:7.1f} {row['p95_s']:7.1f} "
-        f"{row['p99_s']:7.1f} {row['max_s']:7.1f} {deg:5.2f}"
+        f"{row['p99_s']:7.1f} {row['max_s']:7.1f} {deg:5.2f}{promised(row)}"
     )
 
 
@@ -94,7 +106,14 @@ def points(workloads, loads, seeds, requests, runs=RUNS) -> list[dict]:
             point = []
             for policy, degree in runs:
                 t0 = time.time()
-                row = run_node_point(sc, policy, load, degree)
+                if policy in VARIANTS:
+                    base, options = VARIANTS[policy]
+                    vsc = scenario(wl, seeds, requests)
+                    vsc.policy_options = {base: options}
+                    row = run_node_point(vsc, base, load, degree)
+                    row["variant"] = policy
+                else:
+                    row = run_node_point(sc, policy, load, degree)
                 row.update(b)
                 row["wall_s"] = time.time() - t0
                 rows.append(row)
@@ -115,7 +134,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--seeds", type=int, help="seeds per point (default 5; quick 2)")
     parser.add_argument("--workloads", help="comma list (goodput, others: default both)")
-    parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (goodput)")
+    parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (targets, "
+                        "heldout, goodput)")
     parser.add_argument("--loads", help="comma list of loads (others, sweep)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--requests", type=int, help="requests per seed (default 2,000)")
@@ -130,10 +150,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    chosen = None
+    if args.runs:
+        chosen = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
+                  for r in args.runs.split(",")]
     if args.part == "targets":
-        rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), seeds, n)
+        rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), seeds, n, chosen or RUNS)
     elif args.part == "heldout":
-        runs = [("fifo", 1), ("fifo", 2), ("elastic-np", 1), ("slo", 1)]
+        runs = chosen or [("fifo", 1), ("fifo", 2), ("elastic-np", 1), ("slo", 1)]
         rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), held, n, runs)
     elif args.part == "others":
         loads = tuple(float(x) for x in (args.loads or "0.7,0.8").split(","))
@@ -142,9 +166,8 @@ def main() -> None:
     elif args.part == "goodput":
         rows = []
         runs = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1), ("slo", 1)]
-        if args.runs:
-            runs = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
-                    for r in args.runs.split(",")]
+        if chosen:
+            runs = chosen
         for wl in (args.workloads or "seed-mix,omni-mix").split(","):
             sc = scenario(wl, seeds, n)
             row = {"workload": wl, "seeds": list(seeds), "requests": n,

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from ditmem.deploy.errors import describe_error
 from ditmem.deploy.load import live_progress, replica_load
 from ditmem.engine.handoff import BadBlob, HandoffRefused, RequestMoved
-from ditmem.engine.results import SubmitError
+from ditmem.engine.results import RequestFailed, SubmitError
 from ditmem.scheduler.routing import ReplicaLoad, RouteRequest, RoutingBook, plan_moves
 
 log = logging.getLogger(__name__)
@@ -146,15 +146,25 @@ class EngineReplica:
         """The outcome of a request this replica's engine holds."""
         self.streams.add(rid)
         try:
-            result = await asyncio.wrap_future(ticket.future)
+            while True:
+                try:
+                    result = await asyncio.wrap_future(ticket.future)
+                    break
+                except RequestMoved:
+                    pending = self.outgoing.pop(rid, None)
+                    outcome = await pending if pending is not None else None
+                    if isinstance(outcome, Move):
+                        yield {"moved": [outcome.ref], "route": outcome.route,
+                               "replica": self.name, "steps_done": outcome.steps_done,
+                               "hops": outcome.hops}
+                        return
+                    if outcome is None:  # exported by someone other than the rebalancer
+                        raise RequestFailed(f"{rid}: left this engine, its blob is not here") \
+                            from None
+                    ticket = outcome  # the blob could not leave: adopted back here
         except asyncio.CancelledError:
             self.engine.cancel(rid, "the client went away")
             raise
-        except RequestMoved:
-            move = await self.outgoing.pop(rid)
-            yield {"moved": [move.ref], "route": move.route, "replica": self.name,
-                   "steps_done": move.steps_done, "hops": move.hops}
-            return
         except Exception as exc:  # the request's outcome, not this replica's fault
             yield {"error": describe_error(exc), "replica": self.name}
             return
@@ -237,7 +247,17 @@ class EngineReplica:
         speed = self.engine.cost.correction(self.engine.model) or 1.0
         route = RouteRequest(rid, self._remaining(blob) / speed, blob.pages_needed,
                              blob.priority, wall + blob.deadline_in_s)
-        ref = self.put(blob)
+        try:
+            ref = self.put(blob)
+        except Exception as exc:  # the object store refused it: the request stays here
+            log.warning("replica %s: %s could not leave (%r): adopting it back", self.name,
+                        rid, exc)
+            try:
+                future.set_result(await asyncio.to_thread(self.engine.handoff.adopt, blob))
+            except Exception as back:  # noqa: BLE001 - its stream reports the failure
+                future.set_exception(RequestFailed(f"{rid}: hand-off failed ({exc!r}) and "
+                                                   f"adopting it back failed ({back!r})"))
+            return False
         self.moved["out"] += 1
         self.move_log.append({"id": rid, "dir": "out", "steps_done": blob.steps_done,
                               "digest": blob.digest, "why": why, "at": wall})

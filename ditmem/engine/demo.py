@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N > 1: the node demo on N device workers (CPU: processes pinned to "
                         "cores, N <= cores): fifo on N static replicas, then slo with "
                         "elastic degree and migration (ditmem.parallel.node_demo)")
+    p.add_argument("--parallel-clock", choices=("cpu", "process", "wall"), default="cpu",
+                   help="with --devices N: the start-up speed-up table on the workers' "
+                        "main-thread CPU time (default), all-thread CPU time, or wall time")
     p.add_argument("--pool-mb", type=float, default=64.0)
     add_model_arguments(p, memory=False)
     p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,

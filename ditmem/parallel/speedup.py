@@ -49,6 +49,11 @@ WORK_INFLATION_LIMIT = 1.35
 #: so their CPU times may differ by this factor, no more: beyond it one core was slower
 #: (another job on it) and the slowest rank set the measured step
 IMBALANCE_LIMIT = 1.3
+#: at the largest size, a busy-time speed-up may exceed the wall-time one by this factor:
+#: beyond it the ranks waited for a core (or a peer) for much of the step — degree d needs
+#: d cores at once, so another runnable job stalls it at every exchange while degree 1
+#: keeps its core — and the replay, which runs on wall time, will not see the table
+WALL_GAP_LIMIT = 1.25
 #: a speed-up may exceed the degree by this factor (timing noise), no more
 SUPERLINEAR_SLACK = 1.05
 
@@ -57,7 +62,13 @@ _REPLY_CLOCK = {"wall": "seconds", "cpu": "cpu_seconds", "process": "process_cpu
 
 
 class CalibrationError(RuntimeError):
-    """The speed-up measurement stayed implausible after measuring again."""
+    """The speed-up measurement stayed implausible after measuring again; ``waited_only``:
+    the last one failed only the wall-gap rule (on a busy-time clock the ranks waited for
+    cores: a wall-time table would describe what a replay sees now)."""
+
+    def __init__(self, message: str, waited_only: bool = False) -> None:
+        super().__init__(message)
+        self.waited_only = waited_only
 
 
 def degrees_of(num_devices: int) -> list[int]:
@@ -193,7 +204,8 @@ def measure_speedups(node, sides: list[int], rounds: int, *, steps: int = 2,
 def check_speedups(rows: list[dict], clock: str = "cpu", *,
                    spread_limit: float = SPREAD_LIMIT,
                    inflation_limit: float = WORK_INFLATION_LIMIT,
-                   imbalance_limit: float = IMBALANCE_LIMIT) -> list[str]:
+                   imbalance_limit: float = IMBALANCE_LIMIT,
+                   wall_gap_limit: float = WALL_GAP_LIMIT) -> list[str]:
     """What makes rows of :func:`measure_speedups` implausible on ``clock`` (empty: none):
 
     * a degree slower than degree 1 at the largest size (the split share of a step grows
@@ -205,7 +217,9 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
       work: they ran slower per unit of work, so the table measures the machine's
       contention at that moment, not the split;
     * at the largest size, one rank using more than ``imbalance_limit`` × another's CPU
-      time for its equal share (one core was slower; the step waited for it).
+      time for its equal share (one core was slower; the step waited for it);
+    * on the busy-time clocks, at the largest size, a speed-up above ``wall_gap_limit`` ×
+      the wall-time one (the ranks waited for cores the replay will not have either).
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock: expected one of {', '.join(CLOCKS)}, got {clock!r}")
@@ -229,6 +243,11 @@ def check_speedups(rows: list[dict], clock: str = "cpu", *,
                             f"CPU time for the same step (limit {inflation_limit:.2f}): they "
                             "ran slower per unit of work (contention), not a split that "
                             "fails")
+        if clock != "wall" and r["tokens"] == largest and s > wall_gap_limit * r["speedup"]:
+            problems.append(f"{where}: x{s:.2f} on {clock} time but x{r['speedup']:.2f} on "
+                            f"wall time (limit {wall_gap_limit:.2f} x): the ranks waited for "
+                            "a core for much of the step (another job runs); the replay would "
+                            "not see this table (quiet machine, or --parallel-clock wall)")
         if r["tokens"] == largest and r.get("imbalance", 1.0) > imbalance_limit:
             problems.append(f"{where}: one rank used {r['imbalance']:.2f} x the other's CPU "
                             f"time for an equal share (limit {imbalance_limit:.2f}): one core "
@@ -240,7 +259,7 @@ def describe(rows: list[dict], clock: str = "cpu") -> list[str]:
     """One line per (side, degree > 1): speed-up on every clock, spread, rounds."""
     return [f"  {r['side']}x{r['side']} ({r['tokens']} tokens) degree {r['degree']}: "
             f"x{r[CLOCKS[clock]]:.2f} on {clock} time +-{100 * r['spread']:.0f} % "
-            f"({r['rounds']} rounds (cpu x{r['cpu_speedup']:.2f}, process "
+            f"({r['rounds']} rounds; cpu x{r['cpu_speedup']:.2f}, process "
             f"x{r['process_speedup']:.2f}, wall x{r['speedup']:.2f}; "
             f"{r['step_ms']:.1f} ms wall per step, ranks' work x{r['work_inflation']:.2f}, "
             f"rank imbalance x{r['imbalance']:.2f})"
@@ -266,8 +285,10 @@ def calibrate(node, sides: list[int], rounds: int, *, clock: str = "cpu", attemp
         report(f"speed-up measurement {attempt}/{attempts} is implausible: "
                + "; ".join(problems)
                + ("; measuring again" if attempt < attempts else "; refusing it"))
+    waited_only = not check_speedups(rows, clock, wall_gap_limit=math.inf,
+                                     spread_limit=kwargs.get("spread_limit", SPREAD_LIMIT))
     raise CalibrationError("the speed-up table stayed implausible after "
-                           f"{attempts} measurements: " + "; ".join(problems))
+                           f"{attempts} measurements: " + "; ".join(problems), waited_only)
 
 
 def speedup_table(rows: list[dict], source: str, clock: str = "cpu") -> dict:

@@ -268,3 +268,41 @@ def test_an_ordered_move_happens_whatever_the_rule_says(tiny_gen):
     assert replica.moved["out"] == 1 and "moved" in messages[0]
     assert replica.move_log[-1]["why"] == "ordered"
     assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0
+
+
+def test_a_blob_the_object_store_refuses_stays_and_finishes_here(tiny_gen):
+    import asyncio
+
+    pytest.importorskip("ray", reason="ray[serve] is not installed")
+    from ditmem.engine.handoff import adopt_blob
+
+    engine, ticket = parked_engine(tiny_gen)
+    engine.cancel("x")  # only p runs once the engine starts
+
+    def full(blob):
+        raise MemoryError("object store full")
+
+    async def scenario():
+        replica = replica_on(engine, FakeBoard({}, orders=["p"]))
+        replica.put = full
+        engine.handoff.adopt = lambda blob: adopt_blob(engine, blob)
+        replica.streams.add("p")
+        messages = []
+
+        async def follow():
+            async for m in replica._follow("p", ticket):
+                messages.append(m)
+
+        task = asyncio.get_running_loop().create_task(follow())
+        await replica._rebalance()
+        assert "p" in engine.executor.active  # back, paused on the host
+        engine.start()
+        await asyncio.wait_for(task, 120)
+        return replica, messages
+
+    replica, messages = run(scenario())
+    assert engine.drain(10)
+    assert [list(m) for m in messages] == [["result", "replica"]]
+    assert messages[0]["result"].timing.steps_run == 30
+    assert replica.moved["out"] == 0
+    assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0

@@ -90,6 +90,12 @@ def test_plausible_table_passes_and_each_rule_names_its_point():
     (p,) = check_speedups(lopsided)
     assert "one rank used 1.40 x the other's" in p
     assert check_speedups([dict(_checked(4096, 2, 1.8), imbalance=1.1)]) == []
+    # busy time says x1.82, wall time x1.08 (measured here at load 2.8): ranks waited
+    waited = [dict(_checked(4096, 2, 1.82), speedup=1.08)]
+    (p,) = check_speedups(waited)
+    assert "x1.82 on cpu time but x1.08 on wall time" in p
+    assert check_speedups(waited, "wall") == []
+    assert check_speedups([dict(_checked(4096, 2, 1.82), speedup=1.6)]) == []
     with pytest.raises(ValueError, match="clock"):
         check_speedups(good, "gpu")
 
@@ -157,9 +163,31 @@ def test_calibrate_measures_again_and_refuses_what_stays_implausible():
     node = FakeNode(0.1, contended)
     node.sizes = [64, 128]
     lines = []
-    with pytest.raises(CalibrationError, match="after 2 measurements"):
+    with pytest.raises(CalibrationError, match="after 2 measurements") as err:
         calibrate(node, [64, 128], 3, report=lines.append)
     assert any("2/2 is implausible" in x and "refusing it" in x for x in lines)
+    assert not err.value.waited_only
+
+
+class WaitingNode(FakeNode):
+    """Degree-2 ranks busy 0.055 s of CPU but 0.09 s of wall time (waiting for cores)."""
+
+    def submit(self, commands):
+        out = super().submit(commands)
+        if len(commands) == 2:
+            for fut in out.values():
+                fut.result().seconds = 0.09
+        return out
+
+
+def test_a_table_failing_only_for_waits_says_so():
+    node = WaitingNode(0.1, lambda attempt, r: 0.055)
+    node.sizes = [64]
+    with pytest.raises(CalibrationError, match="on wall time") as err:
+        calibrate(node, [64], 3, report=lambda _: None)
+    assert err.value.waited_only  # cpu x1.82 vs wall x1.11: only the wall-gap rule
+    rows = calibrate(node, [64], 3, clock="wall", report=lambda _: None)
+    assert rows[1]["speedup"] == pytest.approx(0.1 / 0.09)
 
 
 def test_rounds_go_on_while_ratios_spread_up_to_the_cap():

@@ -17,10 +17,13 @@ def _simulate(requests, policy, devices, nc, **options):
     return pol, {r.request.id: r for r in result.records}
 
 
-def _stream(nc):
+def _stream(nc, priority=1):
     """A 1024² (4 steps of 4 s, SLO 48 s) at 0, then a 512² (4 s, SLO 12 s) every 4 s."""
     rs = [req("L", 0, size=1024, steps=4, cost=nc.cost)]
-    return rs + [req(f"s{i}", 1 + 4 * i, size=512, steps=4, cost=nc.cost) for i in range(6)]
+    return rs + [
+        req(f"s{i}", 1 + 4 * i, size=512, steps=4, priority=priority, cost=nc.cost)
+        for i in range(6)
+    ]
 
 
 def test_promises_are_fifo_finishes_raised_to_the_running_max_flow():
@@ -54,14 +57,27 @@ def test_the_guard_keeps_the_fifo_finish_of_a_large_request_in_a_stream():
 
 def test_requests_about_to_miss_their_slo_go_before_the_promises():
     nc = node_cost()
-    # guard_yield 0.1: a small request within 1.2 s (0.1 × 12 s) of missing goes first, so
-    # every small one meets its SLO and the large one's promise (16 s) is broken.
-    pol, out = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.1)
+    # guard_yield 0.1 for every priority: a small request within 1.2 s (0.1 × 12 s) of
+    # missing goes first, so every small one meets its SLO and the large one's promise
+    # (16 s) is broken.
+    pol, out = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.1,
+                         guard_yield_priority=2)
     assert all(r.met for r in out.values())
     assert out["L"].finished > pol.promises["L"]
     # The large one still ran its first two steps first (critical from t = 0): s0 (due at
     # 13 s) waits until 8 s, when only 1 s of its slack is left.
     assert out["s0"].finished == 12.0
+
+
+def test_by_default_only_priority_0_goes_before_the_promises():
+    nc = node_cost()
+    # Priority-1 small ones: the promise goes first (FIFO's 16 s for the large one).
+    _, p1 = _simulate(_stream(nc, priority=1), "slo", 1, nc, forecast=False)
+    assert p1["L"].finished == 16.0
+    # Priority 0: each small one goes first once a quarter of its window (3 s) is left.
+    _, p0 = _simulate(_stream(nc, priority=0), "slo", 1, nc, forecast=False)
+    assert all(p0[f"s{i}"].met for i in range(6))
+    assert p0["L"].finished > 16.0
 
 
 def test_the_guard_is_off_when_asked():

@@ -15,9 +15,9 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    remaining time for timing error), gives each its latest start; a request whose latest
    start falls within one of its steps is *critical* and is placed first, at the least
    degree that still keeps its promise (the largest free one when none does), after only
-   the starving and the on-time requests within ``guard_yield`` of their SLO window from
-   missing it (0: the promises go first; the trade-off is measured in
-   docs/results/node.md). On a node
+   the starving requests and the on-time ones of priority ≤ ``guard_yield_priority``
+   within ``guard_yield`` of their SLO window from missing it (default: priority 0 with a
+   quarter of its window left; the trade-off is measured in docs/results/node.md). On a node
    work is not conserved exactly (a step at degree d > 1 costs more device-seconds than at
    1), so this is a check, not a proof: how often promises hold is measured.
 
@@ -99,7 +99,8 @@ class NodeSloPolicy(NodePolicy):
     (step 5), ``batching``, ``min_gain`` and ``margin`` (step 6: fraction of a member's
     remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
     past the deadline before a late request goes first), ``guard``, ``guard_degree``,
-    ``guard_quantile``, ``guard_margin`` and ``guard_yield`` (step 0)."""
+    ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
+    (step 0)."""
 
     name = "slo"
 
@@ -124,7 +125,8 @@ class NodeSloPolicy(NodePolicy):
         guard_degree: int = 1,
         guard_quantile: float = 1.0,
         guard_margin: float = 0.05,
-        guard_yield: float = 0.1,
+        guard_yield: float = 0.25,
+        guard_yield_priority: int = 0,
     ):
         super().__init__(ncost, node)
         self.window = window
@@ -144,6 +146,7 @@ class NodeSloPolicy(NodePolicy):
         self.guard_degree = guard_degree
         self.guard_margin = guard_margin
         self.guard_yield = guard_yield
+        self.guard_yield_priority = guard_yield_priority
         replicas = len(node.groups(guard_degree))  # validates the degree against the node
         self.shadow = FifoShadow(replicas)
         self.flows = FlowBound(guard_quantile)
@@ -209,16 +212,20 @@ class NodeSloPolicy(NodePolicy):
             budget = self.flows.see(entry.flow)
             self.promises[r.id] = max(entry.finish, r.arrival + budget)
 
-    def _place_critical(self, now, view, placer, cands, running, placed, done) -> None:
-        """Step 0's placement: the critical requests among ``cands`` (paused and the
-        deadline window) and the first ``window`` waiting by arrival, by promise."""
+    def _critical_all(self, now, view, cands, running) -> list[_Cand]:
+        """Step 0's check over ``cands`` (paused and the deadline window) and the first
+        ``window`` waiting by arrival: the critical ones, by promise."""
         seen = {c.req.id for c in cands}
         extra = [
             self._cand(r, r, 0, None, now)
             for r in view.waiting.iter_by("arrival", self.window)
             if r.id not in seen
         ]
-        for c in self._critical(now, cands + extra, running):
+        return self._critical(now, cands + extra, running)
+
+    def _place_promised(self, now, placer, critical, placed, done) -> None:
+        """Step 0's placement: each at the least degree keeping its promise, else any."""
+        for c in critical:
             if id(c) in done or not placer.available:
                 continue
             a = self._place(placer, c, self._promise_degree(now, c)) or self._place(placer, c, 1)
@@ -279,13 +286,17 @@ class NodeSloPolicy(NodePolicy):
         starving = [c for c in late if self._starving(now, c)]
         urgent = [c for c in ontime if self._urgent(now, c)]
         left: list[_Cand] = []
-        if self.guard and self.guard_yield > 0:
-            # On-time requests within ``guard_yield`` of their SLO window from missing it go
-            # before the promises.
-            tight = [c for c in urgent if self._urgent(now, c, self.guard_yield)]
+        critical = self._critical_all(now, view, cands, running) if self.guard else []
+        if critical and self.guard_yield > 0:
+            # On-time requests of priority <= ``guard_yield_priority`` within ``guard_yield``
+            # of their SLO window from missing it go before the promises.
+            tight = [
+                c for c in urgent
+                if c.req.priority <= self.guard_yield_priority
+                and self._urgent(now, c, self.guard_yield)
+            ]
             left += self._place_all(placer, view, starving + tight, placed, done)
-        if self.guard:
-            self._place_critical(now, view, placer, cands, running, placed, done)
+        self._place_promised(now, placer, critical, placed, done)
         left += self._place_all(placer, view, starving + urgent, placed, done)
         targets = self._targets(now, ontime, everyone) if not starving else []
         for c, degree in targets:
