@@ -364,8 +364,9 @@ def simulate(
         encode, encoded, members, model = it.encode_s, it.encoded, it.members, it.model
         tokens, blocks_run, finished, moved = it.tokens, it.blocks, it.finished, it.moved
         chunks += 1 if block and members else 0
-        for rid in preempted(last_batch, plan.batch, eng.active):
-            eng.active[rid].preemptions += 1
+        if last_batch:
+            for rid in preempted(last_batch, plan.batch, eng.active):
+                eng.active[rid].preemptions += 1
         duration = pre + encode + step + overhead + decode
         overhead_total += overhead
         decoded: list[tuple[str, float]] = []
