@@ -50,6 +50,11 @@ class CostModel:
         """A cost model for a shipped profile name or a profile JSON path."""
         return cls(load_profile(name_or_path))
 
+    def fresh(self) -> CostModel:
+        """A model of the same profile with no corrections yet (one per simulation, so a
+        policy's learning never leaks into another run or into later traces' deadlines)."""
+        return CostModel(self.profile, correction_alpha=self._alpha)
+
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
         """A cost model for an in-memory (unparsed, version-1) profile dict."""

@@ -99,7 +99,8 @@ def run_point(
     link_s = 0.0
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
-        pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
+        pol = make_policy(policy, scenario.cost.fresh(),
+                          **scenario.policy_options.get(policy, {}))
         pol.fixed_chunk = scenario.block_chunk
         result = simulate(
             reqs,
@@ -160,7 +161,8 @@ def explain_misses(scenario: Scenario, policy: str, load: float, priority: int =
     for seed in scenario.seeds:
         reqs = scenario.requests_for(load, seed)
         by_id = {r.id: r for r in reqs}
-        pol = make_policy(policy, scenario.cost, **scenario.policy_options.get(policy, {}))
+        pol = make_policy(policy, scenario.cost.fresh(),
+                          **scenario.policy_options.get(policy, {}))
         rec = _Recording(pol)
         result = simulate(
             reqs, rec, slo_scale=scenario.slo_scale, noise=scenario.timing_noise(seed)

@@ -36,15 +36,15 @@ from ditmem.scheduler.node.experiment import (
 RESULTS = Path(__file__).resolve().parent / "results"
 DEVICES = 8
 RUNS = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("fifo", 8), ("srtf", 1), ("elastic-np", 1),
-        ("slo-noguard", 1), ("slo", 1)]
+        ("slo", 1), ("slo-promise", 1)]
 HEAD = (
     f"{'policy':<12} {'workload':<16} {'load':>4} {'reqs':>6} {'att%':>7} {'p0%':>7} "
     f"{'P50':>7} {'P95':>7} {'P99':>7} {'max':>7} {'deg':>5}"
 )
 
 
-#: Run names that are a policy with options: slo without its FIFO promise (step 0).
-VARIANTS = {"slo-noguard": ("slo", {"guard": False})}
+#: Run names that are a policy with options: slo with its FIFO promise (step 0).
+VARIANTS = {"slo-promise": ("slo", {"guard": True})}
 
 
 def label(row: dict) -> str:
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="seeds per point (default 5; quick 2)")
     parser.add_argument("--workloads", help="comma list (goodput, others: default both)")
     parser.add_argument("--runs", help="comma list, e.g. slo,elastic-np,fifo:1 (targets, "
-                        "heldout, goodput)")
+                        "heldout, others, goodput)")
     parser.add_argument("--loads", help="comma list of loads (others, sweep)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--requests", type=int, help="requests per seed (default 2,000)")
@@ -161,8 +161,9 @@ def main() -> None:
         rows = points(("seed-mix", "omni-mix"), (0.7, 0.8), held, n, runs)
     elif args.part == "others":
         loads = tuple(float(x) for x in (args.loads or "0.7,0.8").split(","))
-        rows = points(("wan-mix",), loads, seeds, 100 if args.quick else 500)
-        rows += points(("video-image-mix",), loads, seeds, 200 if args.quick else 1000)
+        runs = chosen or RUNS
+        rows = points(("wan-mix",), loads, seeds, 100 if args.quick else 500, runs)
+        rows += points(("video-image-mix",), loads, seeds, 200 if args.quick else 1000, runs)
     elif args.part == "goodput":
         rows = []
         runs = [("fifo", 1), ("fifo", 2), ("fifo", 4), ("elastic-np", 1), ("slo", 1)]
@@ -175,8 +176,13 @@ def main() -> None:
             print(f"{wl}: bound allows {row['bound']:.3f}", flush=True)
             for policy, degree in runs:
                 name = policy if policy != "fifo" else f"fifo d={degree}"
-                lo = (args.lo or 0.5) if policy == "slo" else 0.1
-                row[name] = node_goodput(sc, policy, degree, lo=lo, hi=args.hi, tol=0.02)
+                lo = (args.lo or 0.5) if policy.startswith("slo") else 0.1
+                gsc, base = sc, policy
+                if policy in VARIANTS:
+                    base, options = VARIANTS[policy]
+                    gsc = scenario(wl, seeds, n)
+                    gsc.policy_options = {base: options}
+                row[name] = node_goodput(gsc, base, degree, lo=lo, hi=args.hi, tol=0.02)
                 print(f"{wl}: goodput {name} {row[name]:.3f}", flush=True)
             rows.append(row)
     else:

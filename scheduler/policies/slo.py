@@ -54,7 +54,7 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    pressure; the give-up rule counts the lane's schedule as time already taken. So no
    request waits without bound, and a stream of urgent work cannot push one past its
    promise. What each rule costs in attainment: docs/results/scheduler.md (the FIFO rule
-   at factor 1 costs ~13 points; the default keeps attainment and bounds every wait).
+   at factor 1 costs ~12 points; the default keeps attainment and bounds every wait).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from ditmem.scheduler.noise import TimingNoise
 
 
 def _simulate(requests, policy, devices, nc, **options):
+    if policy == "slo":
+        options.setdefault("guard", True)
     node = Node(devices, nc.links)
     pol = make_node_policy(policy, nc, node, **options)
     result = simulate_node(requests, pol, node, noise=TimingNoise(0.0))
@@ -69,9 +71,10 @@ def test_requests_about_to_miss_their_slo_go_before_the_promises():
     assert out["s0"].finished == 12.0
 
 
-def test_by_default_only_priority_0_goes_before_the_promises():
+def test_by_default_only_priority_0_goes_before_the_promise():
     nc = node_cost()
-    # Priority-1 small ones: the promise goes first (FIFO's 16 s for the large one).
+    # Guard on, default yield. Priority-1 small ones: the promise goes first (FIFO's 16 s
+    # for the large one).
     _, p1 = _simulate(_stream(nc, priority=1), "slo", 1, nc, forecast=False)
     assert p1["L"].finished == 16.0
     # Priority 0: each small one goes first once a quarter of its window (3 s) is left.
@@ -80,7 +83,9 @@ def test_by_default_only_priority_0_goes_before_the_promises():
     assert p0["L"].finished > 16.0
 
 
-def test_the_guard_is_off_when_asked():
+def test_the_guard_is_off_by_default():
     nc = node_cost()
-    pol, _ = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard=False)
-    assert pol.promises == {}
+    node = Node(1, nc.links)
+    pol = make_node_policy("slo", nc, node, forecast=False)
+    simulate_node(_stream(nc), pol, node, noise=TimingNoise(0.0))
+    assert not pol.guard and pol.promises == {}

@@ -173,3 +173,19 @@ def test_every_promise_holds_and_no_label_flips_on_random_traces():
             gone = seen - members
             assert all(finished[rid] <= res.makespan for rid in gone)
             seen |= members
+
+
+@pytest.mark.parametrize("opts, due", [
+    # FIFO finishes a, b, c at 4, 5, 11 (flows 4, 4.5, 1); running max of flows 4, 4.5, 4.5
+    ({}, (4.0, 5.0, 14.5)),
+    ({"tail_factor": 2.0}, (8.0, 9.5, 19.0)),  # A + 2 × the running max
+    ({"tail_prior": 10.0}, (10.0, 10.5, 20.0)),  # the budget starts at 10 s
+    ({"tail_quantile": 0.5}, (4.0, 5.0, 14.0)),  # running medians 4, 4, 4 (never lowered)
+])
+def test_fifo_rule_promises_by_hand(opts, due):
+    cost = table_cost()
+    trace = [req("a", 0.0, steps=4, cost=cost), req("b", 0.5, steps=1, cost=cost),
+             req("c", 10.0, steps=1, cost=cost)]
+    policy = _Watch(make_policy("slo", cost, tail="fifo", **opts))
+    simulate(trace, policy)
+    assert policy.promised == {rid: pytest.approx(d) for rid, d in zip("abc", due, strict=True)}

@@ -3,23 +3,25 @@
 Decided whenever devices are idle and something changed (an arrival, a step's end), over
 the paused started requests and the first ``window`` waiting ones by deadline:
 
-0. **The FIFO promise** (``guard``). Every arrival is queued in a shadow of the best static
-   FIFO deployment (``guard_degree`` replicas' worth: D / d replicas of degree d, each
-   request's predicted standalone time at d, run to completion; ``ditmem.scheduler.
-   fifo_shadow``): its FIFO finish f_i and a promise ``max(f_i, A_i + F_i)``, F_i the
-   running ``guard_quantile`` of the shadow's flows (1: the running maximum). A promise
-   kept for every request bounds the maximum latency by FIFO's (and, with quantile q, each
-   flow by max(own FIFO flow, F_i)). Promises are nondecreasing in arrival order, so an
-   as-late-as-possible list schedule at degree 1 of the started and the first ``window``
-   waiting requests by arrival, latest promise first on D devices (``guard_margin`` on each
-   remaining time for timing error), gives each its latest start; a request whose latest
-   start falls within one of its steps is *critical* and is placed first, at the least
-   degree that still keeps its promise (the largest free one when none does), after only
-   the starving requests and the on-time ones of priority ≤ ``guard_yield_priority``
-   within ``guard_yield`` of their SLO window from missing it (default: priority 0 with a
-   quarter of its window left; the trade-off is measured in docs/results/node.md). On a node
-   work is not conserved exactly (a step at degree d > 1 costs more device-seconds than at
-   1), so this is a check, not a proof: how often promises hold is measured.
+0. **The FIFO promise** (``guard``, off by default). Every arrival is queued in a shadow of
+   the best static FIFO deployment (``guard_degree``: D / d replicas of degree d, each
+   request's predicted standalone time at d, run to completion;
+   ``ditmem.scheduler.fifo_shadow``): its FIFO finish f_i and a promise ``max(f_i, A_i +
+   F_i)``, F_i the running ``guard_quantile`` of the shadow's flows (1: the running
+   maximum). A promise kept for every request bounds the maximum latency by FIFO's (and,
+   with quantile q, each flow by max(own FIFO flow, F_i)). Promises are nondecreasing in
+   arrival order, so an as-late-as-possible list schedule at degree 1 of the started and the
+   first ``window`` waiting requests by arrival, latest promise first on D devices
+   (``guard_margin`` on each remaining time for timing error), gives each its latest start;
+   a request whose latest start falls within one of its steps is *critical* and is placed
+   first, at the least degree that still keeps its promise (the largest free one when none
+   does), after only the starving requests and the on-time ones of priority ≤
+   ``guard_yield_priority`` within ``guard_yield`` of their SLO window from missing it
+   (default: priority 0 with a quarter of its window left; the trade-off is measured in
+   docs/results/node.md). On a node work is not conserved exactly (a step at degree d > 1
+   costs more device-seconds than at 1), so this is a check, not a proof: how often promises
+   hold is measured. It keeps the maximum under FIFO's at ρ 0.7 but costs attainment at high
+   load (goodput), hence off by default (docs/results/node.md, "Session 4").
 
 1. **Degree needed.** For each request, the least degree d whose predicted time alone
    from now meets its deadline; its *work* is d × that time (device-seconds).
@@ -121,7 +123,7 @@ class NodeSloPolicy(NodePolicy):
         spare: bool = True,
         aging: float = 10.0,
         margin: float = 0.1,
-        guard: bool = True,
+        guard: bool = False,
         guard_degree: int = 1,
         guard_quantile: float = 1.0,
         guard_margin: float = 0.05,
@@ -534,3 +536,4 @@ class NodeSloPolicy(NodePolicy):
         super().observe(report)
         for rid in report.finished:
             self._static.pop(rid, None)
+            self.shadow.forget(rid)
