@@ -8,7 +8,7 @@ the next compute), restores a resumed one before its chunk, and advances block c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
 from .chunking import activation_bytes
@@ -36,13 +36,42 @@ class ChunkOutcome:
     parked: list[str]
 
 
-def part_done_groups(active: dict[str, RequestStatus]) -> dict[tuple[str, ...], list]:
-    """Part-done steps among the started requests, by group."""
-    groups: dict[tuple[str, ...], list] = {}
-    for s in active.values():
+def part_done_groups(active: Iterable[RequestStatus]) -> dict[tuple[str, ...], list]:
+    """Part-done steps among the started requests, by group: the sorted ids of the live
+    members sharing a ``step_group`` (a member that left, e.g. cancelled, is not in it)."""
+    shared: dict[tuple[str, ...], list] = {}
+    for s in active:
         if s.blocks_done > 0:
-            groups.setdefault(s.step_group, []).append(s)
-    return groups
+            shared.setdefault(s.step_group, []).append(s)
+    return {tuple(sorted(s.id for s in group)): group for group in shared.values()}
+
+
+def plan_chunk(
+    active: Iterable[RequestStatus],
+    members: list[RequestStatus],
+    parked: Container[tuple[str, ...]],
+    blocks: int | None = None,
+) -> tuple[list[tuple[tuple[str, ...], list[RequestStatus]]], tuple[str, ...] | None]:
+    """The block-preemption rules for the next chunk of ``members`` (the batch), for the
+    simulator and the engine alike: ``(to_park, resumed)``, the part-done steps to park
+    first (group, statuses; ``parked`` holds those already parked) and the part-done step
+    the batch continues (None: it starts a new step). Raises ``BlockPlanError`` when the
+    batch is not exactly the part-done step a member is in, or ``blocks`` < 1."""
+    groups = part_done_groups(active)
+    resumed = None
+    for s in members:
+        if s.blocks_done > 0:
+            resumed = next(g for g in groups if s.id in g)
+            break
+    ids = {s.id for s in members}
+    if resumed is not None and ids != set(resumed):
+        raise BlockPlanError(
+            f"batch {[s.id for s in members]} must be exactly the part-done step {list(resumed)}"
+        )
+    if blocks is not None and blocks < 1:
+        raise BlockPlanError(f"plan.blocks must be >= 1, got {blocks}")
+    to_park = [(g, group) for g, group in groups.items() if g != resumed and g not in parked]
+    return to_park, resumed
 
 
 def run_chunk(
@@ -56,23 +85,10 @@ def run_chunk(
 ) -> ChunkOutcome:
     """Apply ``plan``'s chunk on ``eng`` (the simulator's engine) from ``t_start`` (after the
     plan's synchronous page moves). ``chunk_blocks`` is the policy's choice of k."""
-    groups = part_done_groups(eng.active)
-    batch = tuple(plan.batch)
-    resumed: tuple[str, ...] | None = None
-    for s in members:
-        if s.blocks_done > 0:
-            resumed = s.step_group
-            break
-    if resumed is not None and set(batch) != set(resumed):
-        raise BlockPlanError(
-            f"batch {list(batch)} must be exactly the part-done step {list(resumed)}"
-        )
-    if plan.blocks is not None and plan.blocks < 1:
-        raise BlockPlanError(f"plan.blocks must be >= 1, got {plan.blocks}")
+    to_park, resumed = plan_chunk(eng.active.values(), members, eng.parking.parked,
+                                  plan.blocks)
     wait, parked = 0.0, []
-    for group, statuses in groups.items():
-        if group == resumed or eng.parking.location(group) is not None:
-            continue
+    for group, statuses in to_park:
         nbytes = activation_bytes(truth, [s.request for s in statuses])
         try:
             wait += eng.parking.park(group, nbytes, t_start, eng)

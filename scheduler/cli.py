@@ -29,6 +29,9 @@ from .profiles import ProfileError
 from .traces import TraceError, load_trace
 from .workloads import WORKLOADS
 
+#: What a ``sim`` command reports as a usage error (exit status 2) instead of a traceback.
+SIM_ERRORS = (ValueError, ProfileError, TraceError, OSError)
+
 SWEEP_LOADS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 
 
@@ -218,6 +221,21 @@ def _progress(args, total: int):
     return bar, update
 
 
+def fail(message: object) -> int:
+    """Print ``message`` as the ``sim`` command's error; returns its exit status (2)."""
+    print(f"ditmem sim: error: {message}", file=sys.stderr)
+    return 2
+
+
+def write_rows(rows: list[dict], path: str | None) -> int:
+    """Write the result rows as a JSON list to ``path`` (None: nowhere); returns 0."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(rows, fh, indent=2)
+        print(f"json: {path}")
+    return 0
+
+
 def main(args) -> int:
     if getattr(args, "replicas", None) is not None:
         from .cluster_cli import cluster_main
@@ -229,12 +247,10 @@ def main(args) -> int:
         try:
             options = _options(args.opt)
         except ValueError as exc:
-            print(f"ditmem sim: error: {exc}", file=sys.stderr)
-            return 2
+            return fail(exc)
         return node_main(args, options)
     if getattr(args, "baseline_degree", None) is not None:
-        print("ditmem sim: error: --baseline-degree needs --devices", file=sys.stderr)
-        return 2
+        return fail("--baseline-degree needs --devices")
     try:
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         unknown = [p for p in policies if p not in POLICIES]
@@ -269,14 +285,9 @@ def main(args) -> int:
             title = f"{scenario.name()} on {scenario.cost.name}, {args.arrival} arrivals"
             plot_sweep(rows, args.plot, title)
             print(f"plot: {args.plot}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(rows, fh, indent=2)
-            print(f"json: {args.json}")
-        return 0
-    except (ValueError, ProfileError, TraceError, OSError) as exc:
-        print(f"ditmem sim: error: {exc}", file=sys.stderr)
-        return 2
+        return write_rows(rows, args.json)
+    except SIM_ERRORS as exc:
+        return fail(exc)
 
 
 def _print_bound(scenario: Scenario, loads: list[float]) -> None:

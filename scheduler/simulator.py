@@ -1,4 +1,8 @@
-"""``simulate``: a deterministic discrete-event replay of the engine loop on one device."""
+"""``simulate``: a deterministic discrete-event replay of the engine loop on one device.
+
+Each iteration runs through ``ditmem.scheduler.loop.run_stages``, the function the real
+engine's executor runs too; ``_Engine`` is its virtual device (pages, host link, durations
+drawn around the profile)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from dataclasses import dataclass, field
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
+from .loop import mid_step, preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
 from .plan import MemoryState, SchedulerView, StepPlan, StepReport
@@ -29,7 +34,10 @@ class PlanError(RuntimeError):
 
 @dataclass(slots=True)
 class Record:
-    """The outcome of one request: when it arrived, started and finished (seconds)."""
+    """The outcome of one request: when it arrived, started and finished (seconds), how
+    often it was preempted, offloaded, parked inside a step (block preemption) and moved
+    between device groups (a node), and its steps per sequence-parallel degree (a node's
+    runs: ``{degree: steps}``; empty where the runner has one device)."""
 
     request: Request
     started: float
@@ -37,6 +45,8 @@ class Record:
     preemptions: int
     offloads: int
     parks: int = 0
+    migrations: int = 0
+    degrees: dict[int, int] = field(default_factory=dict)
 
     @property
     def latency(self) -> float:
@@ -60,8 +70,31 @@ class SimResult:
     overhead_s: float = 0.0
 
 
+@dataclass(slots=True)
+class _Iteration:
+    """What the simulated device measured in one iteration (seconds, and who ran)."""
+
+    now: float
+    encoded: list[Request]
+    finished: list[RequestStatus]
+    transfer_s: float = 0.0
+    encode_s: float = 0.0
+    step_s: float = 0.0
+    overhead_s: float = 0.0
+    decode_s: float = 0.0
+    moved: int = 0
+    charged: bool = False
+    members: list[RequestStatus] | None = None  # set by the step stage (always run)
+    model: str = ""
+    tokens: list[int] | None = None
+    blocks: int | None = None
+
+
 class _Engine:
-    """The simulated device: pages, host pool, and the requests it holds."""
+    """The simulated device: pages, host pool, and the requests it holds. It implements
+    ``ditmem.scheduler.loop.Stages``: the plan's page moves are accounted when they start
+    and charged as one copy on the host link before the next stage that uses the device;
+    every duration is drawn by ``noise`` around ``cost`` (the truth)."""
 
     def __init__(
         self,
@@ -72,9 +105,12 @@ class _Engine:
         max_active: int | None,
         preemption: str = "step",
         noise: TimingNoise | None = None,
+        chunk_blocks: Callable[[list[Request]], int] | None = None,
+        inline_decode: bool = True,
     ):
         self.cost = cost
         self.preemption = preemption
+        self.noise = noise if noise is not None else TimingNoise(sigma=0.0)
         self.link = HostLink(cost, noise)
         self.parking = Parking(cost, self.link, page_bytes)
         self.parks: dict[str, int] = {}
@@ -88,6 +124,9 @@ class _Engine:
         self.waiting = WaitingQueue()
         self.active: dict[str, RequestStatus] = {}
         self.offloads: dict[str, int] = {}
+        self.chunk_blocks = chunk_blocks
+        self.inline_decode = inline_decode
+        self.it = _Iteration(0.0, [], [])
 
     def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
@@ -100,36 +139,97 @@ class _Engine:
             self.preemption,
         )
 
-    def execute(self, plan: StepPlan, now: float) -> tuple[float, int]:
-        """Apply the plan's offloads and restores; return (transfer seconds, pages moved)."""
-        moved = 0
-        for rid in plan.offload:
-            s = self._active(rid, "offload")
-            if s.location is not Location.DEVICE:
-                raise PlanError(f"offload of {rid!r}: it is not on the device")
-            if self.host_free < s.pages:
-                raise PlanError(f"offload of {rid!r}: host pool full")
-            s.location, self.free, self.host_free = (
-                Location.HOST,
-                self.free + s.pages,
-                self.host_free - s.pages,
-            )
-            self.offloads[rid] = self.offloads.get(rid, 0) + 1
-            moved += s.pages
-        for rid in plan.restore:
-            s = self._active(rid, "restore")
-            if s.location is not Location.HOST:
-                raise PlanError(f"restore of {rid!r}: it is not on the host")
-            if self.free < s.pages:
-                raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
-            s.location, self.free, self.host_free = (
-                Location.DEVICE,
-                self.free - s.pages,
-                self.host_free + s.pages,
-            )
-            moved += s.pages
-        pre = self.link.copy(now, moved * self.page_bytes) - now if moved else 0.0
-        return pre, moved
+    # ------------------------------------------------------------------ Stages
+    def start_offload(self, rid: str) -> None:
+        s = self._active(rid, "offload")
+        if s.location is not Location.DEVICE:
+            raise PlanError(f"offload of {rid!r}: it is not on the device")
+        if self.host_free < s.pages:
+            raise PlanError(f"offload of {rid!r}: host pool full")
+        self._relocate(s, Location.HOST)
+        self.offloads[rid] = self.offloads.get(rid, 0) + 1
+
+    def finish_offload(self, handle: object) -> None:
+        """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
+
+    def start_restore(self, rid: str) -> None:
+        s = self._active(rid, "restore")
+        if s.location is not Location.HOST:
+            raise PlanError(f"restore of {rid!r}: it is not on the host")
+        if self.free < s.pages:
+            raise PlanError(f"restore of {rid!r}: needs {s.pages} pages, {self.free} free")
+        self._relocate(s, Location.DEVICE)
+
+    def finish_restore(self, handle: object) -> None:
+        """Nothing to wait for: the copy is charged on the link (``_charge_moves``)."""
+
+    def encode(self, rids: Sequence[str]) -> None:
+        self._charge_moves()
+        it, truth = self.it, self.cost
+        for rid in rids:
+            if rid not in self.waiting:
+                raise PlanError(f"admit of {rid!r}: not waiting")
+            req = self.waiting.get(rid)
+            pages = truth.pages_for(req, self.page_bytes)
+            if self.free < pages:
+                raise PlanError(f"admit of {rid!r}: needs {pages} pages, {self.free} free")
+            if self.max_active is not None and len(self.active) >= self.max_active:
+                raise PlanError(f"admit of {rid!r}: {self.max_active} requests already started")
+            self.waiting.remove(rid)
+            self.free -= pages
+            self.active[rid] = RequestStatus(req, started_at=it.now, pages=pages)
+            it.encode_s += self.noise.draw(truth.encode_time(req))
+            it.encoded.append(req)
+
+    def step(self, rids: Sequence[str], steps: int, blocks: int | None) -> list[str]:
+        it, truth = self.it, self.cost
+        if not it.charged:
+            self._charge_moves()
+        members = [self._active(rid, "batch") for rid in rids]
+        it.members = members
+        it.model = model = _check_batch(members, truth)
+        it.tokens = tokens = [truth.tokens(s.request) for s in members]
+        if self.preemption == "block":
+            plan = StepPlan(batch=list(rids), blocks=blocks)
+            start = it.now + it.transfer_s
+            try:
+                out = run_chunk(self, plan, members, model, truth, self.chunk_blocks, start)
+            except BlockPlanError as exc:
+                raise PlanError(str(exc)) from exc
+            # The preemption point's overhead is not step compute (the cost model's feedback
+            # compares step_s with predicted block time).
+            it.transfer_s += out.wait_s
+            it.step_s, it.overhead_s = self.noise.draw(out.compute_s), out.overhead_s
+            stepped, it.blocks = out.stepped, out.blocks
+        else:
+            it.step_s = self.noise.draw(truth.step_time(model, tokens)) if members else 0.0
+            stepped = members
+        finished = it.finished
+        for s in stepped:
+            s.steps_done += 1
+            if s.steps_done == s.request.steps:
+                finished.append(s)
+        return [s.id for s in finished] if finished else []
+
+    def decode(self, rids: list[str]) -> None:
+        if not self.inline_decode:
+            return  # the decode lane or the tiles run it after the iteration
+        for rid in rids:
+            self.it.decode_s += self.noise.draw(self.cost.decode_time(self.active[rid].request))
+
+    def _relocate(self, s: RequestStatus, to: Location) -> None:
+        """Account ``s``'s pages moving to ``to`` (the host or the device)."""
+        pages = s.pages if to is Location.HOST else -s.pages
+        s.location, self.free, self.host_free = to, self.free + pages, self.host_free - pages
+        self.it.moved += s.pages
+
+    def _charge_moves(self) -> None:
+        """Charge the iteration's page moves as one copy on the host link (once)."""
+        it = self.it
+        if not it.charged:
+            it.charged = True
+            if it.moved:
+                it.transfer_s += self.link.copy(it.now, it.moved * self.page_bytes) - it.now
 
     def _active(self, rid: str, what: str) -> RequestStatus:
         s = self.active.get(rid)
@@ -181,16 +281,11 @@ def simulate(
     noise = noise if noise is not None else TimingNoise(sigma=0.0)
     if not requests:
         return SimResult([], 0.0, 0, 0.0)
-    models = {r.model for r in requests}
-    if len(models) != 1:
-        raise ValueError(f"simulate() runs one model per device, got {sorted(models)}")
-    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
-    for r in pending:
-        if r.deadline is None or r.standalone_s is None:
-            policy.cost.assign_deadline(r, slo_scale)
+    pending = arrivals(requests, policy.cost, slo_scale, "simulate() runs")
     page_bytes = truth.page_bytes if page_bytes is None else page_bytes
     eng = _Engine(
-        truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise
+        truth, pending[0].model, page_bytes, device_pages, max_active, preemption, noise,
+        policy.chunk_blocks, decode == "inline",
     )
     records: list[Record] = []
     now, nxt, iterations, busy, idle_moves = 0.0, 0, 0, 0.0, 0
@@ -262,49 +357,15 @@ def simulate(
             )
         if plan.blocks is not None and not block:
             raise PlanError("plan.blocks is only allowed with block-level preemption")
-        pre, moved = eng.execute(plan, now)
-        encode = 0.0
-        encoded = []
-        for rid in plan.admit:
-            if rid not in eng.waiting:
-                raise PlanError(f"admit of {rid!r}: not waiting")
-            req = eng.waiting.get(rid)
-            pages = truth.pages_for(req, page_bytes)
-            if eng.free < pages:
-                raise PlanError(f"admit of {rid!r}: needs {pages} pages, {eng.free} free")
-            if max_active is not None and len(eng.active) >= max_active:
-                raise PlanError(f"admit of {rid!r}: {max_active} requests already started")
-            eng.waiting.remove(rid)
-            eng.free -= pages
-            eng.active[rid] = RequestStatus(req, started_at=now, pages=pages)
-            encode += noise.draw(truth.encode_time(req))
-            encoded.append(req)
-        members = [eng._active(rid, "batch") for rid in plan.batch]
-        model = _check_batch(members, truth)
-        tokens = [truth.tokens(s.request) for s in members]
-        blocks_run, overhead = None, 0.0
-        if block:
-            try:
-                out = run_chunk(eng, plan, members, model, truth, policy.chunk_blocks, now + pre)
-            except BlockPlanError as exc:
-                raise PlanError(str(exc)) from exc
-            # The preemption point's overhead is not step compute (the cost model's feedback
-            # compares step_s with predicted block time).
-            pre, step, overhead = pre + out.wait_s, noise.draw(out.compute_s), out.overhead_s
-            stepped, blocks_run = out.stepped, out.blocks
-            chunks += 1 if members else 0
-        else:
-            step = noise.draw(truth.step_time(model, tokens)) if members else 0.0
-            stepped = members
-        decode, finished = 0.0, []
-        for s in stepped:
-            s.steps_done += 1
-            if s.steps_done == s.request.steps:
-                if lane is None and tiles is None:
-                    decode += noise.draw(truth.decode_time(s.request))
-                finished.append(s)
-        for rid in plan.pause:
-            if rid in eng.active:
+        it = eng.it = _Iteration(now, [], [])  # what this iteration's stages measure
+        run_stages(eng, offload=plan.offload, restore=plan.restore, admit=plan.admit,
+                   batch=plan.batch, blocks=plan.blocks)
+        pre, step, overhead, decode = it.transfer_s, it.step_s, it.overhead_s, it.decode_s
+        encode, encoded, members, model = it.encode_s, it.encoded, it.members, it.model
+        tokens, blocks_run, finished, moved = it.tokens, it.blocks, it.finished, it.moved
+        chunks += 1 if block and members else 0
+        if last_batch:
+            for rid in preempted(last_batch, plan.batch, eng.active):
                 eng.active[rid].preemptions += 1
         duration = pre + encode + step + overhead + decode
         overhead_total += overhead
@@ -356,6 +417,22 @@ def simulate(
     )
 
 
+def arrivals(
+    requests: Sequence[Request], cost: CostModel, slo_scale: float, runner: str
+) -> list[Request]:
+    """``requests`` in arrival order (ties by id), each without a deadline given
+    ``slo_scale`` × its standalone time by ``cost``. ValueError (``runner`` names who
+    refuses) when they are not all of one model."""
+    models = {r.model for r in requests}
+    if len(models) != 1:
+        raise ValueError(f"{runner} one model, got {sorted(models)}")
+    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
+    for r in pending:
+        if r.deadline is None or r.standalone_s is None:
+            cost.assign_deadline(r, slo_scale)
+    return pending
+
+
 def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:
     """The earliest deadline in the plan's batch, members it admits included (None: the
     plan runs no step)."""
@@ -368,11 +445,8 @@ def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:
 
 
 def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:
-    """Whether the last iteration ran a step that is still part-done (all members alive)."""
-    if not last_batch:
-        return False
-    members = [eng.active.get(rid) for rid in last_batch]
-    return all(s is not None and s.blocks_done > 0 for s in members)
+    """Whether the last iteration ran a step that is still part-done (``loop.mid_step``)."""
+    return mid_step([eng.active.get(rid) for rid in last_batch])
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ditmem.memory import HostPoolExhausted
 from ditmem.models.chunked import ChunkRunner, ParkedStep
 from ditmem.scheduler import Location
+from ditmem.scheduler.block_step import plan_chunk
 
 
 class BlockSteps:
@@ -43,24 +44,24 @@ class BlockSteps:
                     if rid in active:
                         active[rid].status.activations = Location.HOST
 
-    def park_left_out(self, active: dict, last_batch: tuple[str, ...], batch: list[str]) -> None:
-        """Park the part-done step that ran last iteration if ``batch`` does not continue it."""
-        running = [active[i] for i in last_batch if i in active]
-        running = [j for j in running if j.status.blocks_done > 0]
-        if not running or {j.id for j in running} == set(batch):
-            return
-        group = tuple(sorted(j.id for j in running))
-        if group in self.parked:
-            return
-        try:
-            parked = self.runner.park([j.state for j in running])
-        except HostPoolExhausted:
-            parked = None  # stays in its device pages until resumed
-        self.parked[group] = parked
-        self.parks += 1
-        for j in running:
-            j.status.activations = Location.DEVICE
-            j.extra["parks"] = j.extra.get("parks", 0) + 1
+    def park_left_out(self, active: dict, batch: list[str], blocks: int | None = None) -> None:
+        """Park every part-done step that ``batch`` does not continue (the simulator's rules:
+        ``ditmem.scheduler.block_step.plan_chunk``, which raises ``BlockPlanError`` for a
+        batch that splits a part-done step)."""
+        members = [active[i].status for i in batch if i in active]
+        statuses = [j.status for j in active.values()]
+        to_park, _ = plan_chunk(statuses, members, self.parked, blocks)
+        for group, parts in to_park:
+            running = [active[s.id] for s in parts]
+            try:
+                parked = self.runner.park([j.state for j in running])
+            except HostPoolExhausted:
+                parked = None  # stays in its device pages until resumed
+            self.parked[group] = parked
+            self.parks += 1
+            for j in running:
+                j.status.activations = Location.DEVICE
+                j.extra["parks"] = j.extra.get("parks", 0) + 1
 
     def resume(self, jobs: list) -> bool:
         """Make a parked step runnable again; False (nothing changed) when no room."""

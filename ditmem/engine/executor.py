@@ -1,5 +1,8 @@
 """One engine iteration: build the policy's view, execute its plan, finish requests.
 
+The plan runs through ``ditmem.scheduler.loop.run_stages`` (the simulator's order, written
+once); :class:`PlanExecutor` is its real device (``start_offload`` ... ``decode``).
+
 Runs on the engine thread only (no locks except through ``Intake``). An exception raised by
 one request's stage fails that request alone: a failed packed step is retried request by
 request so the others still advance (the generator writes nothing back when a step raises).
@@ -25,6 +28,7 @@ from ditmem.scheduler import (
     StepReport,
     WaitingQueue,
 )
+from ditmem.scheduler.loop import mid_step, preempted, run_stages
 
 
 class PlanExecutor:
@@ -44,6 +48,8 @@ class PlanExecutor:
         self.last_batch: tuple[str, ...] = ()
         self.held: set[str] = set()          # ids the current iteration's plan names
         self._blocks_run: int | None = None
+        self._report: StepReport | None = None  # the iteration's, while its stages run
+        self._worked = False
         self.stats = EngineStats()
         # decode off the step loop (worker threads, earliest deadline first), results handed
         # back through a queue
@@ -85,6 +91,7 @@ class PlanExecutor:
                              page_bytes=pool.page_bytes, host_free_pages=host.num_free_pages)
         return SchedulerView(active=[j.status for j in self.active.values()],
                              waiting=self.waiting, memory=memory, last_batch=self.last_batch,
+                             max_active=self.engine.max_active,
                              preemption=self.engine.preemption)
 
     # ------------------------------------------------------------------ one iteration
@@ -95,6 +102,8 @@ class PlanExecutor:
         if not self.has_work():
             self.publish()
             return False
+        if self.blocks is not None:
+            self.blocks.settle(self.active)  # landed parks free their pages before the view
         t0 = self.engine.clock()
         self.held = set()
         plan = self.engine.policy.schedule(t0, self.view())
@@ -108,40 +117,10 @@ class PlanExecutor:
             return False
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
+        self._report, self._worked = report, False
         moved = self.stats.bytes_offloaded + self.stats.bytes_restored
-        if self.blocks is not None:
-            self.blocks.settle(self.active)
-            self.blocks.park_left_out(self.active, self.last_batch, plan.batch)
-        pending = [(job, self.stages.start_offload(job)) for job in self._ids(plan.offload)
-                   if job.status.location is Location.DEVICE]
-        # Transfers overlap the step on the copy stream when nothing in this iteration needs
-        # them: offloads are finished before the step only when restores/admits want their
-        # pages, restores only when their job steps now; the rest finish after the step.
-        later_offloads = [] if plan.restore or plan.admit else pending
-        for job, handle in pending if not later_offloads else ():
-            report.transfer_s += self._finish_offload(job, handle)
-        later_restores = []
-        for job in self._ids(plan.restore):
-            handle = self._start_restore(job)
-            if handle is None:
-                continue
-            if job.id in plan.batch:
-                self._finish_restore(job, handle, report)
-            else:
-                later_restores.append((job, handle))
-        for job_id in plan.admit:
-            self._admit(job_id, report)
-        batch = [self.active[i] for i in plan.batch if i in self.active
-                 and self.active[i].status.location is Location.DEVICE]
-        if batch and self.blocks is not None and not self.blocks.resume(batch):
-            batch = []  # no room to bring its activations back: the policy sees the pool
-        if batch:
-            self.publish(stepping=[j.id for j in batch])  # live while the step runs
-            self._step(batch, report, plan.blocks)
-        for job, handle in later_offloads:
-            report.transfer_s += self._finish_offload(job, handle)
-        for job, handle in later_restores:
-            self._finish_restore(job, handle, report)
+        run_stages(self, offload=plan.offload, restore=plan.restore, admit=plan.admit,
+                   batch=plan.batch, blocks=plan.blocks)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
         report.transfer_bytes = self.stats.bytes_offloaded + self.stats.bytes_restored - moved
@@ -149,8 +128,70 @@ class PlanExecutor:
         if observe is not None:
             observe(report)
         self.publish()
-        return bool(pending or later_restores or batch or report.encode_s
-                    or report.transfer_s)
+        return bool(self._worked or report.encode_s or report.transfer_s)
+
+    # ------------------------------------------------------------------ the loop's stages
+    # (``ditmem.scheduler.loop.Stages``: ``run_stages`` calls them in the loop's order)
+    def start_offload(self, job_id: str):
+        job = self.active.get(job_id)
+        if job is None or job.status.location is not Location.DEVICE:
+            return None
+        self._worked = True
+        return job, self.stages.start_offload(job)
+
+    def finish_offload(self, handle) -> None:
+        job, copy = handle
+        self._report.transfer_s += self._finish_offload(job, copy)
+
+    def start_restore(self, job_id: str):
+        job = self.active.get(job_id)
+        copy = None if job is None else self._start_restore(job)
+        if copy is None:
+            return None
+        self._worked = True
+        return job, copy
+
+    def finish_restore(self, handle) -> None:
+        job, copy = handle
+        self._finish_restore(job, copy, self._report)
+
+    def encode(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._admit(job_id, self._report)
+
+    def step(self, job_ids: list[str], steps: int, blocks: int | None) -> list[str]:
+        """One step (or chunk) of the plan's batch members that are on the device; the ids
+        whose last step ran. With block preemption a part-done step the batch does not
+        continue is parked first."""
+        if self.blocks is not None:
+            self.blocks.park_left_out(self.active, job_ids, blocks)
+        batch = [self.active[i] for i in job_ids if i in self.active
+                 and self.active[i].status.location is Location.DEVICE]
+        if batch and self.blocks is not None and not self.blocks.resume(batch):
+            batch = []  # no room to bring its activations back: the policy sees the pool
+        if not batch:
+            return []
+        self._worked = True
+        self.publish(stepping=[j.id for j in batch])  # live while the step runs
+        stepped = self._step(batch, self._report, blocks)
+        return [j.id for j in stepped if self.stages.is_done(j)]
+
+    def decode(self, job_ids: list[str]) -> None:
+        """Decode finished jobs: as tiles on the loop, on the decode thread, or inline."""
+        report = self._report
+        for job in [self.active[i] for i in job_ids]:
+            if self.tiles is not None:
+                self._decode_tiled(job, report)
+            elif self.decoder is not None:
+                self._decode_async(job, report)
+            else:
+                ok, output = self._attempt(job, "decode", self.stages.decode, job)
+                if not ok:
+                    continue
+                report.decode_s += job.timing.decode_s
+                report.decoded.append(job.sched)
+                report.finished.append(job.id)
+                self.finish(job, output=output)
 
     def fail_held(self, error_of) -> list[str]:
         """After an iteration raised: fail the jobs its plan named (``error_of(job_id)`` is
@@ -165,16 +206,21 @@ class PlanExecutor:
         self.last_batch = tuple(i for i in self.last_batch if i in self.active)
         return failed
 
-    def _ids(self, ids) -> list[Job]:
-        return [self.active[i] for i in ids if i in self.active]
+    def _attempt(self, job: Job, stage: str, fn, *args):
+        """``(True, fn(*args))``; or, when it raises, ``(False, None)`` after failing ``job``
+        alone (one request's failure is its own)."""
+        try:
+            return True, fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            self.finish(job, error=RequestFailed(f"{job.id}: {stage} failed: {exc!r}"))
+            return False, None
 
     def _finish_offload(self, job: Job, handle) -> float:
         """Finish an offload; returns the copy's own seconds (what the transfer cost)."""
-        try:
-            self.stats.bytes_offloaded += self.stages.finish_offload(job, handle)
-        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
-            self.finish(job, error=RequestFailed(f"{job.id}: offload failed: {exc!r}"))
+        ok, nbytes = self._attempt(job, "offload", self.stages.finish_offload, job, handle)
+        if not ok:
             return 0.0
+        self.stats.bytes_offloaded += nbytes
         job.status.location = Location.HOST
         job.timing.offloads += 1
         return handle.copy_s
@@ -183,18 +229,13 @@ class PlanExecutor:
         """Launch a restore: its handle, or None (not on the host, no room, or failed)."""
         if job.status.location is not Location.HOST:
             return None
-        try:
-            return self.stages.start_restore(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
-            return None
+        return self._attempt(job, "restore", self.stages.start_restore, job)[1]
 
     def _finish_restore(self, job: Job, handle, report: StepReport) -> None:
-        try:
-            self.stats.bytes_restored += self.stages.finish_restore(job, handle)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: restore failed: {exc!r}"))
+        ok, nbytes = self._attempt(job, "restore", self.stages.finish_restore, job, handle)
+        if not ok:
             return
+        self.stats.bytes_restored += nbytes
         job.status.location = Location.DEVICE
         report.transfer_s += handle.copy_s
 
@@ -202,10 +243,8 @@ class PlanExecutor:
         job = self.jobs.get(job_id)
         if job is None or len(self.active) >= self.engine.max_active:
             return
-        try:
-            ok = self.stages.encode(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job_id}: encode failed: {exc!r}"))
+        ran, ok = self._attempt(job, "encode", self.stages.encode, job)
+        if not ran:
             return
         report.encode_s += job.timing.encode_s
         report.encoded.append(job.sched)  # what the cost model's encode correction compares
@@ -227,7 +266,10 @@ class PlanExecutor:
         seconds, self._blocks_run = self.blocks.run(jobs, k)
         return seconds
 
-    def _step(self, batch: list[Job], report: StepReport, blocks: int | None = None) -> None:
+    def _step(self, batch: list[Job], report: StepReport,
+              blocks: int | None = None) -> list[Job]:
+        """Run the batch's step; a failed step is retried request by request (the failed
+        ones finish with their error). Returns the jobs that stepped."""
         self._blocks_run = None
         try:
             seconds = self._run(batch, blocks)
@@ -235,45 +277,28 @@ class PlanExecutor:
         except Exception:  # noqa: BLE001 - find who failed, advance the others
             stepped, seconds = [], 0.0
             for job in batch:
-                try:
-                    seconds += self._run([job], blocks)
+                ok, alone = self._attempt(job, "step", self._run, [job], blocks)
+                if ok:
+                    seconds += alone
                     stepped.append(job)
-                except Exception as exc:  # noqa: BLE001
-                    self.finish(job, error=RequestFailed(f"{job.id}: step failed: {exc!r}"))
         self.stats.steps += 1
         report.batch = [j.id for j in stepped]
         report.tokens = [self.engine.cost.tokens(j.sched) for j in stepped]
         report.step_s = seconds
         report.blocks = self._blocks_run
         self.engine._notify_step(seconds, len(stepped))
-        for job in stepped:
-            if self.stages.is_done(job) and self.tiles is not None:
-                self._decode_tiled(job, report)
-            elif self.stages.is_done(job) and self.decoder is not None:
-                self._decode_async(job, report)
-            elif self.stages.is_done(job):
-                try:
-                    output = self.stages.decode(job)
-                except Exception as exc:  # noqa: BLE001
-                    self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
-                    continue
-                report.decode_s += job.timing.decode_s
-                report.decoded.append(job.sched)
-                report.finished.append(job.id)
-                self.finish(job, output=output)
+        return stepped
 
     def _decode_tiled(self, job: Job, report: StepReport) -> None:
         """Queue a finished job's decode as tiles; it keeps its pages until delivered."""
         del self.active[job.id]
         report.finished.append(job.id)
-        try:
-            self.tiles.start(job)
-        except Exception as exc:  # noqa: BLE001
-            self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {exc!r}"))
+        self._attempt(job, "decode", self.tiles.start, job)
 
     def _run_due_tile(self, plan) -> bool:
         """Run one decode tile instead of ``plan`` when a decode is due first."""
-        if self.blocks is not None and self.last_batch:
+        last = [j.status if (j := self.active.get(i)) else None for i in self.last_batch]
+        if mid_step(last):
             return False  # a part-done chunked step finishes before any tile
         deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
                      if i in self.active or i in self.jobs]
@@ -307,14 +332,12 @@ class PlanExecutor:
         self.decoder.submit(job.sched.deadline, run)
 
     def _count_preemptions(self, stepped: list[str]) -> None:
-        """A request that stepped last iteration, is unfinished, and did not step now."""
-        now = set(stepped)
-        for job_id in self.last_batch:
-            job = self.active.get(job_id)
-            if job is not None and job_id not in now:
-                job.status.preemptions += 1
-                job.timing.preemptions += 1
-                self.stats.preemptions += 1
+        """Count the preemptions of this iteration (``scheduler.loop.preempted``)."""
+        for job_id in preempted(self.last_batch, stepped, self.active):
+            job = self.active[job_id]
+            job.status.preemptions += 1
+            job.timing.preemptions += 1
+            self.stats.preemptions += 1
 
     # ------------------------------------------------------------------ finishing
     def finish(self, job: Job, *, output=None, error: Exception | None = None) -> None:

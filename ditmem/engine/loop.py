@@ -2,7 +2,8 @@
 
 Each iteration: take new submissions and cancellations, show the policy a
 ``SchedulerView``, execute its ``StepPlan`` (offload -> restore -> admit/encode -> one packed
-step -> decode the finished), record timings, hand results to the requests' futures. Other
+step -> decode the finished: ``ditmem.scheduler.loop.run_stages``, the order the simulator
+runs too), record timings, hand results to the requests' futures. Other
 threads only call :meth:`Engine.submit`, :meth:`cancel`, :meth:`stats`, :meth:`progress`,
 :meth:`status`, :meth:`backlog_s`, :meth:`drain` and :meth:`stop`.
 

@@ -100,13 +100,7 @@ class Stages:
     def finish_offload(self, job: Job, handle) -> int:
         """Wait for an offload; the device pages are free afterwards. Returns bytes moved;
         the job is charged the copy's own time."""
-        with stage_range("offload", job.id):
-            self.offloader.finish_offload(handle)
-        job.timing.offload_s += handle.copy_s
-        nbytes = handle.num_pages * self.pool.page_bytes
-        log.debug("offload %s: %.1f MiB copied in %.2f ms", job.id, nbytes / MIB,
-                  1e3 * handle.copy_s)
-        return nbytes
+        return self._finish_copy("offload", job, handle, self.offloader.finish_offload)
 
     def start_restore(self, job: Job):
         """Launch the copy of ``job``'s pages into free device pages: its handle, or None
@@ -118,11 +112,14 @@ class Stages:
     def finish_restore(self, job: Job, handle) -> int:
         """Complete a restore (later device work waits for the copy); bytes moved. The job is
         charged the copy's own time."""
-        with stage_range("restore", job.id):
-            self.offloader.finish_restore(handle)
+        return self._finish_copy("restore", job, handle, self.offloader.finish_restore)
+
+    def _finish_copy(self, kind: str, job: Job, handle, finish) -> int:
+        with stage_range(kind, job.id):
+            finish(handle)
         job.timing.offload_s += handle.copy_s
         nbytes = handle.num_pages * self.pool.page_bytes
-        log.debug("restore %s: %.1f MiB copied in %.2f ms", job.id, nbytes / MIB,
+        log.debug("%s %s: %.1f MiB copied in %.2f ms", kind, job.id, nbytes / MIB,
                   1e3 * handle.copy_s)
         return nbytes
 

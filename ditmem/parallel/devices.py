@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ditmem.scheduler.node.device import Completion, Job, Timings
+from ditmem.scheduler.node.device import Completion, Job, JobStages, Timings, run_job
 
 log = logging.getLogger(__name__)
 
@@ -110,44 +110,70 @@ class EngineDevices:
         self._done.put(Completion(job, started, self.now(), t))
 
     def _execute(self, job: Job, t: Timings) -> None:
-        node = self.node
-        devices = tuple(job.group.devices)
+        stages = _GroupJob(self, job, t)
+        run_job(job, stages)
+
+
+class _GroupJob(JobStages):
+    """One job on the node engine's group (``run_job`` calls its stages in the loop's
+    order); ``timings`` is the job's, filled as each stage ends."""
+
+    def __init__(self, devices: EngineDevices, job: Job, timings: Timings) -> None:
+        super().__init__(job)
+        self.devices = devices
+        self.node = devices.node
+        self.clock = devices.clock
+        self.group = tuple(job.group.devices)
+        self.timings = timings
+
+    def _moved(self, mark: float) -> None:
+        seconds = self.clock() - mark
+        self.timings.transfer_s += seconds
+        with self.devices._lock:
+            self.devices.link_busy_s += seconds
+
+    def start_offload(self, rid: str) -> None:
         mark = self.clock()
-        for mv in job.moves:
-            rid = mv.request.id
-            if mv.dst is None:
-                node.park(rid)
-            elif mv.src is None:
-                if not node.resume(rid, tuple(mv.dst.devices)):
-                    raise MemoryError(f"resume of {rid} onto {mv.dst}: no room")
-            else:
-                node.move(rid, tuple(mv.dst.devices))
-        t.transfer_s = self.clock() - mark
-        with self._lock:
-            self.link_busy_s += t.transfer_s
-        mark = self.clock()
+        self.node.park(rid)
+        self._moved(mark)
+
+    def start_restore(self, rid: str) -> None:
+        mv, mark = self.restores[rid], self.clock()
+        if mv.src is None:
+            if not self.node.resume(rid, tuple(mv.dst.devices)):
+                raise MemoryError(f"resume of {rid} onto {mv.dst}: no room")
+        else:
+            self.node.move(rid, tuple(mv.dst.devices))
+        self._moved(mark)
+
+    def encode(self, rids: list[str]) -> None:
+        node, devices, mark = self.node, self.group, self.clock()
 
         def encode(request, device: int) -> None:
-            if not node.encode(self.to_generation(request), device):
+            if not node.encode(self.devices.to_generation(request), device):
                 raise MemoryError(f"encode of {request.id} on device {device}: no room")
             node.move(request.id, devices)  # onto the whole group (no-op at degree 1)
 
-        _spread(list(job.encodes), devices, encode)
-        t.encode_s = self.clock() - mark
+        _spread([self.requests[rid] for rid in rids], devices, encode)
+        self.timings.encode_s = self.clock() - mark
+
+    def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
         mark = self.clock()
-        ids = [r.id for r in job.batch]
-        for _ in range(job.steps if ids else 0):
-            node.step([(devices, ids)])
-        t.step_s = self.clock() - mark
-        mark = self.clock()
+        for _ in range(steps if rids else 0):
+            self.node.step([(self.group, list(rids))])
+        self.timings.step_s = self.clock() - mark
+        return [r.id for r in self.job.decodes]
+
+    def decode(self, rids: list[str]) -> None:
+        owner, node, mark = self.devices, self.node, self.clock()
 
         def decode(request, device: int) -> None:
             node.move(request.id, (device,))
-            image = node.decode(request.id, self.decode_tile)
+            image = node.decode(request.id, owner.decode_tile)
             node.release(request.id)
-            if self.keep_outputs:
-                with self._lock:
-                    self.outputs[request.id] = image
+            if owner.keep_outputs:
+                with owner._lock:
+                    owner.outputs[request.id] = image
 
-        _spread(list(job.decodes), devices, decode)
-        t.decode_s = self.clock() - mark
+        _spread(list(self.job.decodes), self.group, decode)
+        self.timings.decode_s = self.clock() - mark

@@ -14,16 +14,12 @@ plots attainment and P95 against ρ for every policy, and bisects each one's goo
 
 from __future__ import annotations
 
-import json
-import sys
-
+from ..cli import SIM_ERRORS, fail, write_rows
 from ..cost import CostModel
 from ..experiment import plot_sweep
 from ..noise import TimingNoise
-from ..profiles import ProfileError
 from .experiment import NodeScenario, bound_goodput, node_bound, node_goodput, run_node_point
 from .policies import NODE_POLICIES, STATIC
-from .speedup import NodeProfileError
 
 SWEEP_LOADS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1)
 HEADER = (
@@ -130,11 +126,6 @@ def node_main(args, options: dict[str, dict]) -> int:
             )
             plot_sweep(labelled, args.plot, title)
             print(f"plot: {args.plot}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(rows, fh, indent=2)
-            print(f"json: {args.json}")
-        return 0
-    except (ValueError, ProfileError, NodeProfileError, OSError) as exc:
-        print(f"ditmem sim: error: {exc}", file=sys.stderr)
-        return 2
+        return write_rows(rows, args.json)
+    except SIM_ERRORS as exc:  # NodeProfileError is a ValueError
+        return fail(exc)

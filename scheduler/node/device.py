@@ -9,6 +9,12 @@ last step it runs (single-device, spread likewise). ``NodeDevices`` is what an e
 real devices implements (``launch`` hands a job to the group's workers, ``wait`` blocks for
 the next completion or until a time); ``VirtualDevices`` draws every duration around the
 node cost model with ``TimingNoise`` (the simulator's truth is not the policy's model).
+
+Both execute a job with :func:`run_job`: the single-device loop's own order
+(``ditmem.scheduler.loop.run_stages``) over the group's ``Stages`` (:class:`JobStages`), so
+the node's order cannot drift from one device's. ``NodeDevices`` is the second, outer
+interface only because a node runs jobs on several groups at once and hands completions
+back as they come.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..loop import Stages, run_stages
 from ..noise import TimingNoise
 from ..request import Request
 from .cost import NodeCost
@@ -89,6 +96,75 @@ def spread(durations: list[float], devices: int) -> float:
     return max(loads, default=0.0)
 
 
+def run_job(job: Job, stages: Stages) -> None:
+    """Execute ``job`` on ``stages`` (its group's, virtual or real) in the loop's order:
+    ``ditmem.scheduler.loop.run_stages``, the single-device loop's own function. Its
+    ``step`` returns the ids of ``job.decodes``."""
+    run_stages(
+        stages,
+        offload=[mv.request.id for mv in job.moves if mv.dst is None],
+        restore=[mv.request.id for mv in job.moves if mv.dst is not None],
+        admit=[r.id for r in job.encodes],
+        batch=[r.id for r in job.batch],
+        steps=job.steps,
+    )
+
+
+class JobStages:
+    """What every group's ``Stages`` for one job shares: the job, its ``Timings``, and its
+    moves and requests by id. Transfers are synchronous (``finish_*`` do nothing)."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.timings = Timings()
+        self.offloads = {mv.request.id: mv for mv in job.moves if mv.dst is None}
+        self.restores = {mv.request.id: mv for mv in job.moves if mv.dst is not None}
+        self.requests = {r.id: r for r in (*job.encodes, *job.batch)}
+
+    def finish_offload(self, handle: object) -> None:
+        """Nothing to wait for (the move ran in ``start_offload``)."""
+
+    def finish_restore(self, handle: object) -> None:
+        """Nothing to wait for (the move ran in ``start_restore``)."""
+
+
+class _VirtualJob(JobStages):
+    """One job on ``VirtualDevices``: every duration drawn around the truth."""
+
+    def __init__(self, devices: VirtualDevices, job: Job):
+        super().__init__(job)
+        self.truth = devices.truth
+        self.draw = devices.noise.draw
+
+    def start_offload(self, rid: str) -> None:
+        mv = self.offloads[rid]
+        self.timings.transfer_s += self.draw(self.truth.offload_time(mv.request, mv.src))
+
+    def start_restore(self, rid: str) -> None:
+        mv = self.restores[rid]
+        secs, _ = self.truth.move_time(mv.request, mv.src, mv.dst)
+        self.timings.transfer_s += self.draw(secs)
+
+    def encode(self, rids: list[str]) -> None:
+        cost, draw = self.truth.cost, self.draw
+        durations = [draw(cost.encode_time(self.requests[rid])) for rid in rids]
+        self.timings.encode_s = spread(durations, self.job.group.degree)
+
+    def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
+        job, truth = self.job, self.truth
+        if rids and steps:
+            model = job.batch[0].model
+            tokens = [truth.cost.tokens(r) for r in job.batch]
+            step = truth.step_time(model, tokens, job.group.degree) / truth.correction(model)
+            self.timings.step_s = sum(self.draw(step) for _ in range(steps))
+        return [r.id for r in job.decodes]
+
+    def decode(self, rids: list[str]) -> None:
+        cost, draw = self.truth.cost, self.draw
+        durations = [draw(cost.decode_time(r)) for r in self.job.decodes]
+        self.timings.decode_s = spread(durations, self.job.group.degree)
+
+
 class VirtualDevices:
     """Devices whose true times are drawn around ``truth`` (a NodeCost) with ``noise``."""
 
@@ -99,24 +175,10 @@ class VirtualDevices:
         self.link_busy_s = 0.0
 
     def timings(self, job: Job) -> Timings:
-        draw, truth = self.noise.draw, self.truth
-        t = Timings()
-        for mv in job.moves:
-            if mv.dst is None:
-                secs = truth.offload_time(mv.request, mv.src)
-            else:
-                secs, _ = truth.move_time(mv.request, mv.src, mv.dst)
-            t.transfer_s += draw(secs)
-        self.link_busy_s += t.transfer_s
-        cost = truth.cost
-        t.encode_s = spread([draw(cost.encode_time(r)) for r in job.encodes], job.group.degree)
-        if job.batch and job.steps:
-            model = job.batch[0].model
-            tokens = [cost.tokens(r) for r in job.batch]
-            step = truth.step_time(model, tokens, job.group.degree) / truth.correction(model)
-            t.step_s = sum(draw(step) for _ in range(job.steps))
-        t.decode_s = spread([draw(cost.decode_time(r)) for r in job.decodes], job.group.degree)
-        return t
+        stages = _VirtualJob(self, job)
+        run_job(job, stages)
+        self.link_busy_s += stages.timings.transfer_s
+        return stages.timings
 
     def launch(self, job: Job, now: float) -> None:
         t = self.timings(job)

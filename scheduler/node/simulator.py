@@ -3,7 +3,8 @@
 ``run_node`` is written against the device interface only (``ditmem.scheduler.node.device``),
 so the node engine can drive real devices with it; ``simulate_node`` runs it on
 ``VirtualDevices`` (durations drawn around the profile with ``TimingNoise``). Each job's
-order is the single-device loop's: offload → restore/migrate → admit/encode → step(s) →
+order is the single-device loop's, by the same function (``node.device.run_job`` calls
+``ditmem.scheduler.loop.run_stages``): offload → restore/migrate → admit/encode → step(s) →
 decode. The loop keeps the numbers a policy sees (free devices, pages per device, host
 pages) and checks every plan: a broken rule raises ``PlanError`` naming it.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from ..noise import TimingNoise
 from ..queue import WaitingQueue
 from ..request import Request
-from ..simulator import PlanError
+from ..simulator import PlanError, Record, arrivals
 from .cost import NodeCost
 from .device import Completion, Job, Move, NodeDevices, VirtualDevices
 from .plan import Assignment, NodeStatus, NodeView
@@ -24,28 +25,6 @@ from .topology import Group, Node
 
 #: Most started (running + paused) requests per device (DESIGN.md: 64).
 MAX_STARTED_PER_DEVICE = 64
-
-
-@dataclass(slots=True)
-class NodeRecord:
-    """The outcome of one request (seconds) and how it ran: steps per degree, moves."""
-
-    request: Request
-    started: float
-    finished: float
-    preemptions: int
-    offloads: int
-    migrations: int
-    degrees: dict[int, int]
-    parks: int = 0
-
-    @property
-    def latency(self) -> float:
-        return self.finished - self.request.arrival
-
-    @property
-    def met(self) -> bool:
-        return self.finished <= self.request.deadline + 1e-9
 
 
 @dataclass(slots=True)
@@ -67,7 +46,7 @@ class NodeReport:
 
 @dataclass(slots=True)
 class NodeResult:
-    records: list[NodeRecord]
+    records: list[Record]
     makespan: float
     jobs: int
     device_busy_s: float
@@ -147,17 +126,11 @@ def run_node(
     """
     if not requests:
         return NodeResult([], 0.0, 0, 0.0, 0)
-    models = {r.model for r in requests}
-    if len(models) != 1:
-        raise ValueError(f"a node runs one model, got {sorted(models)}")
-    pending = sorted(requests, key=lambda r: (r.arrival, r.id))
-    for r in pending:
-        if r.deadline is None or r.standalone_s is None:
-            truth.cost.assign_deadline(r, slo_scale)
+    pending = arrivals(requests, truth.cost, slo_scale, "a node runs")
     page_bytes = truth.cost.page_bytes if page_bytes is None else page_bytes
     cap = None if max_started_per_device is None else max_started_per_device * node.devices
     st = _State(node, truth, pending[0].model, page_bytes, cap)
-    records: list[NodeRecord] = []
+    records: list[Record] = []
     total, nxt, now, jobs, decisions, busy = len(pending), 0, 0.0, 0, 0, 0.0
     changed = True
 
@@ -234,8 +207,8 @@ def run_node(
                 del st.started[s.id]
                 finished.append(s.id)
                 records.append(
-                    NodeRecord(s.request, s.started_at, c.finished, s.preemptions, s.offloads,
-                               s.migrations, dict(s.degrees))
+                    Record(s.request, s.started_at, c.finished, s.preemptions, s.offloads,
+                           migrations=s.migrations, degrees=dict(s.degrees))
                 )
         model = job.batch[0].model if job.batch else ""
         t = c.timings
