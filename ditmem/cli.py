@@ -13,10 +13,10 @@ import sys
 
 SUBCOMMANDS = {
     "serve": ("ditmem.server.cli", "run the HTTP server (OpenAI / vllm-omni compatible API)"),
-    "bench": ("ditmem.server.bench", "load-test a running server with a workload or trace"),
+    "bench": ("ditmem.tools.bench", "load-test a running server with a workload or trace"),
     "sim": ("ditmem.scheduler.cli", "simulate scheduling policies on a device profile"),
-    "demo": ("ditmem.engine.demo", "replay a CPU-scaled seed-mix under fifo and slo"),
-    "profile": ("ditmem.engine.profile", "measure a device profile for the simulator"),
+    "demo": ("ditmem.tools.demo", "replay a CPU-scaled seed-mix under fifo and slo"),
+    "profile": ("ditmem.tools.profile", "measure a device profile for the simulator"),
 }
 
 

@@ -55,7 +55,7 @@ meet its deadline still runs to completion). Policies see only what the engine s
 
 Block-level preemption (``SchedulerView.preemption = "block"``): run ``plan.blocks`` blocks
 (None: ``policy.chunk_blocks([requests])``) of the batch's step instead of the whole step
-(``ditmem.models.chunked.ChunkRunner.run_chunk``); set each member's ``status.blocks_done``
+(``ditmem.models.common.chunked.ChunkRunner.run_chunk``); set each member's ``status.blocks_done``
 (0 again when the step completes), ``status.step_group`` (the batch's ids) and report
 ``StepReport.blocks``. A part-done step must continue as exactly that batch; when a plan
 leaves it out, park it (``ChunkRunner.park``: its boundary activations go to the host

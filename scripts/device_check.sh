@@ -13,7 +13,7 @@ PY=${PY:-.venv/bin/python}
 status=0
 if [[ "${1:-}" != "--dry-run" ]]; then
     timeout 300 "$PY" -m pytest -q -x -p no:cacheprovider tests/ops tests/memory \
-        tests/models/test_host_reads.py tests/models/test_dtype.py \
+        tests/models/test_host_reads.py tests/models/common/test_dtype.py \
         tests/engine/test_engine_overlap.py > "$OUT/pytest.log" 2>&1 || status=1
     tail -3 "$OUT/pytest.log"
 fi

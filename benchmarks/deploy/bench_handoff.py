@@ -50,7 +50,7 @@ def make_engine(gen, page_bytes):
 def one(gen, side, steps, k, page_bytes, getter):
     """Seconds of (k steps on A, export, adopt, restore on B, object store) and bytes."""
     from ditmem.engine.handoff import adopt_blob, export_parked
-    from ditmem.models.request import GenerationRequest
+    from ditmem.models.common.request import GenerationRequest
 
     a, b = make_engine(gen, page_bytes), make_engine(gen, page_bytes)
     req = GenerationRequest(prompt="a lighthouse at dusk", width=side, height=side,

@@ -95,7 +95,7 @@ def time_decisions(replicas: int, repeats: int = 2000, seed: int = 0) -> dict:
 # --------------------------------------------------------------------- replay
 def build_trace(args, seed: int, cost, speed: float):
     """The replay at ``args.load`` for 2 replicas running ``speed`` x the profile."""
-    from ditmem.server.bench import build_requests
+    from ditmem.tools.bench import build_requests
 
     ns = SimpleNamespace(workload=args.workload, trace=None, rate=None,
                          load=args.load * 2 * speed, requests=args.requests,
@@ -108,7 +108,7 @@ def build_trace(args, seed: int, cost, speed: float):
 
 
 async def replay_both(base: str, requests, arms=ROUTERS) -> dict:
-    from ditmem.server.bench import run_load
+    from ditmem.tools.bench import run_load
 
     runs = {}
     for name in arms:
@@ -154,7 +154,7 @@ def run_ray(args, cost) -> list[dict]:
     from ditmem.deploy.local import local_apps
     from ditmem.engine.factory import EngineConfig
     from ditmem.scheduler.metrics import summarize
-    from ditmem.server.bench import to_records
+    from ditmem.tools.bench import to_records
 
     config = EngineConfig(model="tiny-qwen-image", pool_mb=16, max_active=32,
                           max_queued=256, profile=os.path.abspath(args.profile),

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 import ditmem
-from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG, build_pipeline
+from ditmem.models.qwen.tiny import TRANSFORMER_CONFIG, build_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -60,7 +60,7 @@ def build_models(name: str):
     else:
         from diffusers import QwenImageTransformer2DModel
 
-        from ditmem.models.qwen_tiny import fill_seeded_noise
+        from ditmem.models.qwen.tiny import fill_seeded_noise
 
         stock = fill_seeded_noise(QwenImageTransformer2DModel(**SMALL_CONFIG), 5, std=0.05)
     patched = copy.deepcopy(stock)

@@ -1,5 +1,5 @@
 """Real run on CPU (tiny Wan): wait of an urgent arrival behind a long step, and the throughput
-cost of running steps as chunks of blocks (``ditmem.models.chunked.ChunkRunner``).
+cost of running steps as chunks of blocks (``ditmem.models.common.chunked.ChunkRunner``).
 
 Worst case for an urgent request: it arrives as a long request's step (step preemption) or
 chunk (block preemption) begins. It can start once that step ends — or once the chunk ends
@@ -26,9 +26,9 @@ import torch
 
 import ditmem.models as dm
 from ditmem.memory import HostPool, OffloadEngine, PagePool
-from ditmem.models.chunked import ChunkRunner
-from ditmem.models.wan_generate import WanGenerator
-from ditmem.models.wan_tiny import build_pipeline, build_tiny_transformer
+from ditmem.models.common.chunked import ChunkRunner
+from ditmem.models.wan.generate import WanGenerator
+from ditmem.models.wan.tiny import build_pipeline, build_tiny_transformer
 
 PAGE = 1 << 16
 

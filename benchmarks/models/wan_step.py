@@ -35,7 +35,7 @@ import torch
 
 import ditmem
 from ditmem.memory import PagePool
-from ditmem.models.wan_tiny import build_tiny_transformer
+from ditmem.models.wan.tiny import build_tiny_transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402

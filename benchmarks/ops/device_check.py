@@ -273,8 +273,8 @@ def _mid_size_generator(dev, dry):
     from diffusers import QwenImageTransformer2DModel
 
     from ditmem import models
-    from ditmem.models.qwen_generate import QwenGenerator
-    from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG, build_pipeline
+    from ditmem.models.qwen.generate import QwenGenerator
+    from ditmem.models.qwen.tiny import TRANSFORMER_CONFIG, build_pipeline
 
     if dry:
         return models.load("tiny-qwen-image"), "tiny-qwen-image"
@@ -288,7 +288,7 @@ def _mid_size_generator(dev, dry):
 
 def part_serve(dev, dry, timed, repeats):
     from ditmem.engine.factory import EngineConfig, build_engine
-    from ditmem.models.request import GenerationRequest
+    from ditmem.models.common.request import GenerationRequest
 
     gen, label = _mid_size_generator(dev, dry)
     engine = build_engine(EngineConfig(model="tiny-qwen-image", device=str(dev),

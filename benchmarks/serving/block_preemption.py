@@ -26,13 +26,13 @@ import time
 import torch
 
 from ditmem.engine.loop import Engine
-from ditmem.engine.profile import median_time
 from ditmem.memory import HostPool, OffloadEngine, PagePool
-from ditmem.models.chunked import ChunkRunner
-from ditmem.models.request import GenerationRequest
-from ditmem.models.wan_generate import WanGenerator
-from ditmem.models.wan_tiny import build_pipeline, build_tiny_transformer
+from ditmem.models.common.chunked import ChunkRunner
+from ditmem.models.common.request import GenerationRequest
+from ditmem.models.wan.generate import WanGenerator
+from ditmem.models.wan.tiny import build_pipeline, build_tiny_transformer
 from ditmem.scheduler import CostModel, make_policy
+from ditmem.tools.profile import median_time
 
 BLOCKS, PAGE = 8, 1 << 16
 LONG = dict(width=256, height=256, num_frames=33, num_inference_steps=4, guidance_scale=5.0)

@@ -28,7 +28,7 @@ ROWS = [("fifo", "inline"), ("srtf", "inline"), ("srtf", "tiled"), ("slo", "inli
 
 
 def demo_trace(cost, divisor: int, requests: int, seed: int, load: float):
-    """The demo's trace (``ditmem.engine.demo.build_trace`` without the engine)."""
+    """The demo's trace (``ditmem.tools.demo.build_trace`` without the engine)."""
     reqs = workload("seed-mix", cost, load=load, requests=requests, seed=seed, scale="gpu")
     for r in reqs:
         r.width = max(16, r.width // divisor // 16 * 16)

@@ -1,4 +1,5 @@
-"""ditmem.engine: the serving step loop and the tools around it.
+"""ditmem.engine: the serving step loop (the runtime; the demo, replay and profile
+commands around it are in ``ditmem.tools``).
 
     from ditmem.engine.factory import EngineConfig, build_engine
     engine = build_engine(EngineConfig(model="tiny-qwen-image", policy="slo")).start()
@@ -8,5 +9,5 @@
 
 Modules: ``loop`` (Engine: thread, submit/cancel/stats/drain), ``executor`` (one iteration:
 view -> policy -> plan), ``stages`` (encode/step/decode/offload/restore with timing and NVTX),
-``intake`` (the thread-safe side), ``replay``/``demo``/``profile`` (in-process runs).
+``intake`` (the thread-safe side).
 """

@@ -18,7 +18,7 @@ takes effect at the next block boundary, not after the whole step.
 from __future__ import annotations
 
 from ditmem.memory import HostPoolExhausted
-from ditmem.models.chunked import ChunkRunner, ParkedStep
+from ditmem.models.common.chunked import ChunkRunner, ParkedStep
 from ditmem.scheduler import Location
 from ditmem.scheduler.block_step import plan_chunk
 

@@ -66,7 +66,7 @@ def resolve_decode(choice: str, policy: str, generator) -> tuple[str, bool]:
     """(decode mode, whether tiles apply) for ``choice`` ("auto" | "inline" | "tiled"):
     "auto" runs fifo to completion (inline) and tiles for the other policies; models
     without a tiled decode decode whole, inline."""
-    from ditmem.models.tiled_decode import supports_tiled_decode
+    from ditmem.models.common.tiled_decode import supports_tiled_decode
 
     tiles = supports_tiled_decode(generator)
     if choice == "auto":
@@ -166,7 +166,7 @@ def make_pools(config: EngineConfig, device: str):
 
 def add_model_arguments(p: argparse.ArgumentParser, *, memory: bool = True) -> None:
     """``--dtype`` (and with ``memory``: ``--memory-fraction``, ``--host-memory-gb``)."""
-    from ditmem.models.dtypes import CHOICES
+    from ditmem.models.common.dtypes import CHOICES
 
     p.add_argument("--dtype", choices=CHOICES, default=None,
                    help="model dtype (default: bfloat16 on cuda/npu, float32 on cpu)")
@@ -199,7 +199,7 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
     if generator is None:
         generator = models.load(config.model, device=config.device, dtype=config.dtype)
     if cost is None:
-        from ditmem.engine.profile import startup_profile
+        from ditmem.tools.profile import startup_profile
 
         profile = startup_profile(generator, config.model, config.device, config.profile,
                                   frames=config.profile_frames, page_kb=config.page_kb)

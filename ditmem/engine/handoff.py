@@ -44,7 +44,7 @@ from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import Ticket
 from ditmem.engine.timing import Timing
 from ditmem.memory import PagedTensor, RequestState, rows_per_page
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import Location, Request, RequestStatus
 
 #: layout version of :class:`ParkedBlob`; an adopter refuses any other

@@ -8,7 +8,7 @@ from typing import Any
 
 from ditmem.engine.results import Ticket
 from ditmem.engine.timing import Timing
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 
 class Phase(str, Enum):

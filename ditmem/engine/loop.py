@@ -37,7 +37,7 @@ from ditmem.engine.results import (
     TooSlow,
 )
 from ditmem.engine.timing import Timing
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import Request
 
 #: (tile, stride) pixels of a tiled decode when none is given.
@@ -51,7 +51,7 @@ _FIELD = re.compile(r"^request\.(\w+):")
 
 def check_decode(generator, decode: str, decode_workers: int, decode_tile) -> None:
     """ValueError for a decode setup the engine cannot run (names the setting)."""
-    from ditmem.models.tiled_decode import supports_tiled_decode
+    from ditmem.models.common.tiled_decode import supports_tiled_decode
 
     if decode not in ("inline", "tiled"):
         raise ValueError(f"decode: 'inline' or 'tiled', got {decode!r}")

@@ -15,7 +15,7 @@ from ditmem.engine.jobs import Job
 from ditmem.engine.timing import StageTimer
 from ditmem.engine.tracing import stage_range
 from ditmem.memory import OffloadEngine, PagePool
-from ditmem.models.tiled_decode import decode_job
+from ditmem.models.common.tiled_decode import decode_job
 
 log = logging.getLogger(__name__)
 MIB = 2**20

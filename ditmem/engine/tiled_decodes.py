@@ -1,6 +1,6 @@
 """Decodes that run tile by tile on the step loop (``Engine(decode="tiled")``).
 
-A request whose last step is done gets a tiled decode job (``ditmem.models.tiled_decode``)
+A request whose last step is done gets a tiled decode job (``ditmem.models.common.tiled_decode``)
 and keeps its pages until the job is done. Before each iteration's plan the executor asks
 :meth:`TileRunner.pick` whether a decode tile should run instead: the same rule the
 simulator uses (``ditmem.scheduler.decode_lane.TiledDecodes``), with the cost model's
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ditmem.engine.jobs import Job
 from ditmem.engine.tracing import stage_range
-from ditmem.models.tiled_decode import decode_job
+from ditmem.models.common.tiled_decode import decode_job
 from ditmem.scheduler.decode_lane import TiledDecodes
 
 

@@ -2,7 +2,7 @@
 
 A ``RequestState`` is generic: it stores any tensor under any name. The model adapters use
 these conventional names (``<branch>`` is ``cond`` or ``uncond`` for the CFG branches; see
-``ditmem.models.qwen_state`` / ``wan_state`` for the exact sets):
+``ditmem.models.qwen.state`` / ``wan.state`` for the exact sets):
 
 * ``latents`` — the current latents.
 * ``prompt_embeds.<branch>``, ``prompt_mask.<branch>`` — text encoder output and its mask.

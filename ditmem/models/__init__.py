@@ -12,7 +12,7 @@ and step-decomposed generation for the engine.
 
 from __future__ import annotations
 
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 SUPPORTED = {
     "QwenImageTransformer2DModel": "ditmem.models.qwen",
@@ -68,12 +68,12 @@ def load(name_or_path: str, *, device="cpu", dtype=None, **kwargs):
     with real diffusers weights (``from_pretrained``, every component on ``device``).
 
     ``dtype``: ``torch.bfloat16|float16|float32`` or its name (``"bf16"`` ...); ``None``
-    means bfloat16 on CUDA/NPU and float32 on the CPU (``ditmem.models.dtypes``). Other
+    means bfloat16 on CUDA/NPU and float32 on the CPU (``ditmem.models.common.dtypes``). Other
     kwargs: see the model modules. ValueError for an unknown dtype or path."""
     import logging
     import time
 
-    from ditmem.models.dtypes import resolve_dtype
+    from ditmem.models.common.dtypes import resolve_dtype
 
     kwargs["device"] = device
     kwargs["dtype"] = resolve_dtype(dtype, device)
@@ -102,4 +102,14 @@ def _load(name_or_path: str, kwargs: dict):
     return _module(module).load(name_or_path, **kwargs)
 
 
-__all__ = ["GenerationRequest", "patch", "load", "SUPPORTED", "EMBEDDED"]
+def __getattr__(name: str):
+    """``decode_job`` (``from ditmem.models import decode_job``, as the README shows) loads
+    :mod:`ditmem.models.common.tiled_decode` on first use, not with the package."""
+    if name == "decode_job":
+        from ditmem.models.common.tiled_decode import decode_job
+
+        return decode_job
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["GenerationRequest", "decode_job", "patch", "load", "SUPPORTED", "EMBEDDED"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 
 @dataclass(slots=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ditmem.models.packing import pad_to_min, rowwise
-from ditmem.models.qwen_attention import PackedJoint
-from ditmem.models.qwen_blocks import PackedBatch, Segments
+from ditmem.models.common.packing import pad_to_min, rowwise
+from ditmem.models.qwen.attention import PackedJoint
+from ditmem.models.qwen.blocks import PackedBatch, Segments
 from ditmem.parallel.exchange import HeadExchange
 from ditmem.parallel.shards import shard
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ditmem.models import qwen_state as qs
-from ditmem.models.generator import check_step_states
+from ditmem.models.common.generator import check_step_states
+from ditmem.models.qwen import state as qs
 from ditmem.parallel.qwen_sp import prepare_shard
 
 

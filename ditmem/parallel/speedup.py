@@ -30,7 +30,7 @@ import statistics
 import time
 from concurrent.futures import wait
 
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.parallel import commands as cmd
 
 log = logging.getLogger(__name__)

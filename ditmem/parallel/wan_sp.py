@@ -1,7 +1,7 @@
 """Sequence-parallel packed step of Wan (self-attention over video tokens, cross-attention
 over text K/V read by heads).
 
-:func:`shard_batch` turns a prepared ``wan_packed.PackedBatch`` into this rank's part:
+:func:`shard_batch` turns a prepared ``wan.packed.PackedBatch`` into this rank's part:
 its token shard of every request (:mod:`ditmem.parallel.shards`) with the matching RoPE
 rows and modulation segments, the packed layout of the whole batch (what attention sees
 after the exchange) and a :class:`HeadExchange`. The adapter's ``run_blocks`` runs it
@@ -26,13 +26,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ditmem.models import wan_state as ws
-from ditmem.models.generator import check_step_states
-from ditmem.models.packing import pad_to_min
-from ditmem.models.wan_attention import PackedAttention, RopeTable
-from ditmem.models.wan_kv_cache import cached_text_kv
-from ditmem.models.wan_packed import PackedBatch, _modulate_
-from ditmem.models.wan_solver import unipc_step
+from ditmem.models.common.generator import check_step_states
+from ditmem.models.common.packing import pad_to_min
+from ditmem.models.wan import state as ws
+from ditmem.models.wan.attention import PackedAttention, RopeTable
+from ditmem.models.wan.kv_cache import cached_text_kv
+from ditmem.models.wan.packed import PackedBatch, _modulate_
+from ditmem.models.wan.solver import unipc_step
 from ditmem.parallel.exchange import HeadExchange
 from ditmem.parallel.shards import bounds, shard
 from ditmem.parallel.token_rows import SHAPES, rows_of
@@ -45,7 +45,7 @@ def shard_batch(batch: PackedBatch, group, rank: int, degree: int, num_heads: in
     its shard ``[1, max(n, 16), dim]`` (zero padding after its n real rows). ``caches``
     (the requests' ``WanCrossKV``, with ``model`` their transformer): the rank's text K/V
     are read from compacted copies of their blocks for its heads (what
-    ``wan_kv_cache.cached_text_kv(..., heads=)`` gives) instead of the whole arena."""
+    ``wan.kv_cache.cached_text_kv(..., heads=)`` gives) instead of the whole arena."""
     lens = batch.layout.lengths
     rows, segments, first, done = [], [], 0, 0
     for (_tokens, cond), n in zip(batch.segments, lens, strict=True):
@@ -96,7 +96,7 @@ def _caches(requests: list[dict]):
 def unembed_rows(model, batch: PackedBatch) -> list[torch.Tensor]:
     """Output norm and projection of a rank's part (:func:`shard_batch`) after all blocks:
     per request this rank's rows of the prediction in token-row layout ``[1, n_b, P]``
-    (what ``wan_packed.unembed`` computes per token, before its unpatchify)."""
+    (what ``wan.packed.unembed`` computes per token, before its unpatchify)."""
     shift, scale = (model.scale_shift_table[0] + batch.temb.unsqueeze(1)).unbind(1)
     hidden = batch.hidden
     normed = _modulate_(model.norm_out(hidden.float()), batch.segments, 1 + scale, shift)

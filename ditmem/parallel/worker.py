@@ -167,7 +167,7 @@ class DeviceWorker:
         if len(part.devices) != 1:
             raise ValueError(f"decode: {c.request_id} is held at degree {len(part.devices)}; "
                              "move it to one device first")
-        from ditmem.models.tiled_decode import decode_job, supports_tiled_decode
+        from ditmem.models.common.tiled_decode import decode_job, supports_tiled_decode
 
         if c.tile is not None and supports_tiled_decode(self.gen):
             job = decode_job(self.gen, part.state, *c.tile)

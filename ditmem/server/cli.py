@@ -13,11 +13,11 @@ import os
 
 from ditmem.deploy.cli import add_ray_arguments, check_ray_arguments
 from ditmem.engine.factory import EngineConfig, add_model_arguments, build_engine
-from ditmem.engine.profile import add_decode_tile_argument
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.server.app import ServerConfig, create_app
 from ditmem.server.limits import add_limit_arguments, limits_from_args
 from ditmem.server.security import KEY_ENV, check_api_key
+from ditmem.tools.profile import add_decode_tile_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

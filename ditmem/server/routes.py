@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ditmem.engine.results import EngineFault, RequestCancelled, RequestFailed, SubmitError
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.server import outputs
 from ditmem.server.body import json_body
 from ditmem.server.limits import count_tokens

@@ -22,7 +22,7 @@ pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip instal
 from ray_harness import metric, png, ray_app  # noqa: E402
 
 from ditmem.engine.factory import EngineConfig  # noqa: E402
-from ditmem.models.request import GenerationRequest  # noqa: E402
+from ditmem.models.common.request import GenerationRequest  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 

@@ -168,7 +168,7 @@ def parked_engine(gen):
     from ditmem.engine.factory import make_policy_and_cost
     from ditmem.engine.loop import Engine
     from ditmem.memory import HostPool, PagePool
-    from ditmem.models.request import GenerationRequest
+    from ditmem.models.common.request import GenerationRequest
 
     policy, cost = make_policy_and_cost("slo", "cpu-tiny")
     engine = Engine(gen, policy, cost, PagePool(256, 4096), HostPool(1024, 4096))

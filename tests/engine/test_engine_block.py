@@ -10,7 +10,7 @@ from test_engine_wan import wan_profile
 
 from ditmem.engine.factory import EngineConfig, build_engine
 from ditmem.memory import PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import Policy
 
 

@@ -13,7 +13,7 @@ from test_engine_wan import wan_profile
 
 from ditmem.engine.factory import EngineConfig, build_engine
 from ditmem.engine.results import RequestCancelled
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 BLOCK_S = 0.4
 

@@ -30,7 +30,7 @@ from ditmem.engine.handoff import (
 )
 from ditmem.engine.loop import Engine
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import Location
 
 PAGE = 4096

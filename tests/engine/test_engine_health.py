@@ -13,7 +13,7 @@ from toy import ToyGenerator, table_profile
 from ditmem.engine.loop import Engine
 from ditmem.engine.results import EngineFault, EngineStopped
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import CostModel, make_policy
 
 

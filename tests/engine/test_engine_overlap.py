@@ -14,7 +14,7 @@ from toy import ToyGenerator, table_profile
 from ditmem.engine.factory import make_policy_and_cost
 from ditmem.engine.loop import Engine
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.ops import copy_blocks
 from ditmem.scheduler import CostModel, StepPlan
 

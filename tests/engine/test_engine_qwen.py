@@ -1,7 +1,7 @@
 """The engine on the real tiny Qwen-Image generator: a request that is preempted and whose
 pages go to the host and back ends with the same image as the stock diffusers pipeline
 (``generator.reference``, within the 1-level uint8 tolerance documented in
-``ditmem.models.qwen_generate``) and bit-identical to the same request run alone."""
+``ditmem.models.qwen.generate``) and bit-identical to the same request run alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ditmem import models
 from ditmem.engine.factory import make_policy_and_cost
 from ditmem.engine.loop import Engine
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 PAGE = 4096
 

@@ -13,8 +13,8 @@ from ditmem import models
 from ditmem.engine.factory import make_policy_and_cost
 from ditmem.engine.loop import Engine
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.qwen_pipeline import decode_latents
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
+from ditmem.models.qwen.pipeline import decode_latents
 
 PAGE = 4096
 TILE = (64, 48)  # a 192² image decodes as 4 x 4 tiles

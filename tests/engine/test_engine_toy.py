@@ -11,7 +11,7 @@ from ditmem.engine.factory import make_policy_and_cost
 from ditmem.engine.loop import Engine
 from ditmem.engine.results import EngineStopped, RequestFailed, RequestTooLarge
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import CostModel
 
 

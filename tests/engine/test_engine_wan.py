@@ -7,7 +7,7 @@ import numpy as np
 from toy import table_profile
 
 from ditmem.engine.factory import EngineConfig, build_engine
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import CostModel
 
 

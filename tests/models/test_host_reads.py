@@ -45,7 +45,7 @@ def counting(monkeypatch):
 def _qwen(layers):
     from diffusers import QwenImageTransformer2DModel
 
-    from ditmem.models.qwen_tiny import TRANSFORMER_CONFIG
+    from ditmem.models.qwen.tiny import TRANSFORMER_CONFIG
 
     torch.manual_seed(0)
     return QwenImageTransformer2DModel(**{**TRANSFORMER_CONFIG, "num_layers": layers}).eval()
@@ -91,7 +91,7 @@ def test_qwen_host_reads_do_not_grow_with_blocks(monkeypatch):
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_wan_host_reads_do_not_grow_with_blocks(monkeypatch, cached):
-    from ditmem.models.wan_tiny import build_tiny_transformer
+    from ditmem.models.wan.tiny import build_tiny_transformer
 
     results = {}
     for layers in (2, 4):

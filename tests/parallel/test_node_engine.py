@@ -9,7 +9,7 @@ import signal
 import numpy as np
 import pytest
 
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.parallel.node import DeviceLost, NodeEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -156,12 +156,12 @@ def test_scheduler_node_loop_runs_on_real_devices(node):
     """The scheduler's own node loop (run_node) drives the workers through EngineDevices:
     every request finishes once (images > 64 px decode in 64-px tiles), with the same
     image under both policies."""
-    from ditmem.engine.replay import to_generation
     from ditmem.parallel.devices import EngineDevices
     from ditmem.scheduler import Request
     from ditmem.scheduler.node.policies import make_node_policy
     from ditmem.scheduler.node.simulator import run_node
     from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
 
     cost, node_cost = _node_cost()
     shapes = [(64, 64), (128, 64), (64, 96), (128, 128), (64, 64)]

@@ -21,7 +21,7 @@ def _close(a, b) -> float:
 def _qwen_rank(rank, groups):
     import ditmem.models as dm
     from ditmem.memory import PagePool
-    from ditmem.models import qwen_state as qs
+    from ditmem.models.qwen import state as qs
     from ditmem.parallel.qwen_sp import forward_shard
     from ditmem.parallel.shards import shard
 
@@ -62,7 +62,7 @@ def test_qwen_degree_two_step_equals_degree_one():
 def _wan_rank(rank, groups, cached):
     import ditmem.models as dm
     from ditmem.memory import PagePool
-    from ditmem.models import wan_state as ws
+    from ditmem.models.wan import state as ws
     from ditmem.parallel.wan_sp import forward_shard
 
     gen = dm.load("tiny-wan", cache_cross_kv=cached)

@@ -5,9 +5,9 @@ from argparse import Namespace
 
 import pytest
 
-from ditmem.parallel.profile_devices import check_device_arguments
 from ditmem.parallel.speedup import degrees_of, speedup_table
 from ditmem.scheduler.node.speedup import parse_table
+from ditmem.tools.profile_devices import check_device_arguments
 
 
 def _row(tokens, degree, wall, cpu):

@@ -16,7 +16,7 @@ from harness import metric, running_server, toy_engine
 from PIL import Image
 from toy import ToyGenerator
 
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 
 def reference(width, height, steps, seed, frames=1):

@@ -12,7 +12,7 @@ from ditmem import models
 from ditmem.engine.factory import EngineConfig, build_engine
 from ditmem.engine.results import InvalidRequest
 from ditmem.memory import PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.server.limits import ModelRules
 
 

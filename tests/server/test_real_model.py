@@ -1,6 +1,6 @@
 """A short mixed load through a live server on the real tiny Qwen-Image: every request
 succeeds, outputs match the stock diffusers pipeline (1-level uint8 tolerance, see
-``ditmem.models.qwen_generate``), and the pool is empty afterwards."""
+``ditmem.models.qwen.generate``), and the pool is empty afterwards."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from harness import metric, running_server
 from PIL import Image
 
 from ditmem.engine.factory import EngineConfig, build_engine
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ import pytest
 from harness import free_port, running_server, toy_engine
 
 from ditmem.engine.results import EngineFault
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.server.app import ServerConfig, create_app
 from ditmem.server.runner import ENGINE_DEAD, FORCED, serve
 

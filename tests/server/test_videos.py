@@ -17,7 +17,7 @@ from toy import ToyGenerator
 
 from ditmem.engine.loop import Engine
 from ditmem.memory import HostPool, PagePool
-from ditmem.models.request import GenerationRequest
+from ditmem.models.common.request import GenerationRequest
 from ditmem.scheduler import CostModel, make_policy
 from ditmem.server import outputs
 from ditmem.server.limits import Limits

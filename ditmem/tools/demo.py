@@ -1,0 +1,203 @@
+"""``ditmem demo``: the CPU-scaled seed-mix replayed in-process under fifo and slo.
+
+One trace (fixed seed, Poisson arrivals at load ρ computed with the ``--profile`` cost
+model) is replayed in real time against a fresh engine per policy over the same loaded
+``tiny-qwen-image`` generator; the comparison is printed side by side, plotted, and written
+as JSON with ``ditmem sim``'s metric fields. Nothing is simulated: every step runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ditmem.engine.factory import add_model_arguments
+from ditmem.engine.threads import add_threads_argument, set_torch_threads
+from ditmem.tools.demo_runs import decode_mode, decode_tile
+from ditmem.tools.profile import add_decode_tile_argument
+from ditmem.tools.report import comparison_table, run_summary
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen-image")
+    p.add_argument("--profile", default="measure",
+                   help="'measure' (default: measure this machine now, so that the target "
+                        "load is the real load here), a profile JSON from `ditmem profile` "
+                        "(e.g. benchmarks/serving/cpu-tiny-measured.json, to replay the "
+                        "development machine's trace), or a profile name")
+    p.add_argument("--profile-out", default="demo_profile.json",
+                   help="where the measured profile is saved (with --profile measure)")
+    p.add_argument("--workload", default="seed-mix")
+    p.add_argument("--load", type=float, default=0.8, help="target load rho")
+    p.add_argument("--requests", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arrival", default="poisson", help="poisson | gamma:CV")
+    p.add_argument("--divisor", type=int, default=2,
+                   help="pixel divisor from the GPU shapes (2: 512->256, 1024->512, "
+                        "2048->1024, where the largest request takes >= 20x the smallest, "
+                        "as on a GPU; 8 is about 5x faster but only ~5x)")
+    p.add_argument("--policies", default="fifo,slo")
+    p.add_argument("--devices", type=int, default=1,
+                   help="N > 1: the node demo on N device workers (CPU: processes pinned to "
+                        "cores, N <= cores): fifo on N static replicas, then slo with "
+                        "elastic degree and migration (ditmem.tools.node_demo)")
+    p.add_argument("--parallel-clock", choices=("cpu", "process", "wall"), default="cpu",
+                   help="with --devices N: the start-up speed-up table on the workers' "
+                        "main-thread CPU time (default), all-thread CPU time, or wall time")
+    p.add_argument("--pool-mb", type=float, default=64.0)
+    add_model_arguments(p, memory=False)
+    p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
+                   help="1: VAE decode on a worker thread beside the step loop (earliest "
+                        "deadline first; simulated as `--decode concurrent`)")
+    p.add_argument("--decode", choices=("auto", "inline", "tiled"), default="auto",
+                   help="auto (default): fifo decodes right after the last step (run to "
+                        "completion), the other policies tile by tile between steps when "
+                        "a decode is due first; inline / tiled: the same for every policy")
+    add_decode_tile_argument(p, "VAE decode tiles in pixels for every policy ('none': whole)")
+    p.add_argument("--page-kb", type=int, default=64)
+    p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
+    p.add_argument("--json", default=None, help="write results JSON here")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",
+                   help="parallel (default): one process per policy, each pinned to its own "
+                        "core when there are enough, replays started together (both see "
+                        "the same background load); sequential: one after the other here")
+    add_threads_argument(p)
+
+
+def build_trace(args, cost):
+    """The demo's requests: the named workload at ``--load``, shapes divided by
+    ``--divisor``, arrivals/deadlines from ``cost``."""
+    from ditmem.scheduler.workloads import with_load, workload
+
+    reqs = workload(args.workload, cost, load=args.load, requests=args.requests,
+                    seed=args.seed, arrival=args.arrival, scale="gpu")
+    for r in reqs:
+        r.width = max(16, r.width // args.divisor // 16 * 16)
+        r.height = max(16, r.height // args.divisor // 16 * 16)
+    return with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
+
+
+def calibrate(gen, args) -> str:
+    """Measure the device profile for the demo's three shapes now (the machine may be
+    shared: the load must be relative to today's speed); returns the saved JSON path."""
+    from ditmem.scheduler.workloads import MIXES
+    from ditmem.tools.profile import measure_profile
+
+    sides = sorted({max(16, s.width // args.divisor // 16 * 16)
+                    for s in MIXES[args.workload].shapes})
+    print(f"measuring the device profile for sides {sides} ...", flush=True)
+    profile = measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
+                              page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
+                              decode_tile=decode_tile(args, gen))
+    with open(args.profile_out, "w") as f:
+        json.dump(profile, f, indent=2)
+    print(f"profile: {args.profile_out}")
+    return args.profile_out
+
+
+def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int,
+            decode: str = "inline") -> dict:
+    """What ``ditmem sim`` (``scheduler.simulate``) predicts for this exact trace and pool:
+    the simulated device draws its times around the profile (``TimingNoise``, 3 %, seed 0),
+    from its own copy of the profile (the policy learns it only through what it observes)."""
+    import dataclasses
+
+    from ditmem.engine.factory import make_policy_and_cost
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.noise import TimingNoise
+    from ditmem.scheduler.simulator import simulate
+
+    pol, cost = make_policy_and_cost(policy, profile)
+    reqs = [dataclasses.replace(r) for r in trace]
+    result = simulate(reqs, pol, CostModel(cost.base.profile), page_bytes=page_bytes,
+                      device_pages=pool_pages, decode=decode, noise=TimingNoise(seed=0))
+    return summarize(result.records)
+
+
+def trace_limits(trace, cost) -> dict:
+    """What the trace itself allows: the spread of standalone times, the offline bound on
+    attainment (no policy can do better) and a clairvoyant schedule's attainment."""
+    import dataclasses
+
+    from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+
+    reqs = [dataclasses.replace(r) for r in trace]
+    alone = [cost.standalone_time(r) for r in reqs]
+    n = len(reqs)
+    return {"standalone_ratio": max(alone) / min(alone),
+            "bound_attainment": 1 - min_misses(reqs, cost) / n,
+            "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
+
+
+def main(args) -> int:
+    from ditmem import models
+    from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
+    from ditmem.scheduler import CostModel
+
+    if args.devices > 1:
+        from ditmem.tools.node_demo import main as node_main
+
+        return node_main(args)
+    set_torch_threads(args.threads)
+    if args.profile != "measure" and args.profile.endswith(".json") \
+            and not Path(args.profile).is_file():
+        print(f"ditmem demo: --profile {args.profile}: no such file", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    gen = models.load(args.model, dtype=args.dtype)
+    model_key = scheduler_model(args.model, gen)
+    if args.profile == "measure":
+        args.profile = calibrate(gen, args)
+    trace = build_trace(args, CostModel.load(args.profile))
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    from ditmem.tools.demo_runs import run_parallel, run_policy, warm_up
+
+    if args.mode == "parallel":
+        outcomes = run_parallel(names, trace, args)
+    else:
+        pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
+        warm_up(gen, trace, pool)
+        outcomes = {n: run_policy(gen, n, trace, args, model_key) for n in names}
+    results = {}
+    for name in names:
+        o = outcomes[name]
+        results[name] = run_summary(o["records"], o["services"], o["stats"], o["wall"],
+                                    o["leaked"])
+        sim = predict(trace, name, args.profile, o["page_bytes"], o["num_pages"],
+                      "concurrent" if args.decode_workers else decode_mode(args, name, gen))
+        results[name]["sim_slo_attainment"] = sim["slo_attainment"]
+        results[name]["sim_p95_s"] = sim["p95_s"]
+        results[name]["sim_p50_s"] = sim["p50_s"]
+    meta = {
+        "command": "demo", "model": args.model, "workload": args.workload,
+        "device": args.profile, "load": args.load, "arrival": args.arrival,
+        "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
+        "decode_workers": args.decode_workers, "mode": args.mode,
+        "decode": {n: decode_mode(args, n, gen) for n in names},
+        "decode_tile": decode_tile(args, gen),
+        "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
+        "total_wall_s": time.perf_counter() - started,
+    }
+    meta.update(trace_limits(trace, CostModel.load(args.profile)))
+    rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
+            for name, res in results.items()]
+    print(comparison_table(results, meta))
+    print(f"largest / smallest standalone time: {meta['standalone_ratio']:.1f}x; "
+          f"offline bound for this trace: any policy <= {100 * meta['bound_attainment']:.1f}%"
+          f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}%")
+    if args.plot:
+        from ditmem.tools.plots import plot_comparison
+
+        title = (f"{args.workload} (/{args.divisor}) on {args.model}, rho={args.load}, "
+                 f"{len(trace)} requests, seed {args.seed}")
+        print(f"plot: {plot_comparison(results, args.plot, title)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+        print(f"json: {args.json}")
+    return 0

@@ -1,0 +1,118 @@
+"""Replaying the demo's trace under each policy: one after the other in this process, or
+one process per policy started together (pinned one per core when there are enough)."""
+
+from __future__ import annotations
+
+import time
+
+from ditmem.engine.threads import set_torch_threads
+
+
+def decode_mode(args, policy: str, gen) -> str:
+    """The decode mode ``policy`` runs with (see ``--decode``)."""
+    from ditmem.engine.factory import resolve_decode
+
+    if args.decode_workers:
+        return "inline"
+    return resolve_decode(args.decode, policy, gen)[0]
+
+
+def decode_tile(args, gen) -> tuple[int, int] | None:
+    """``--decode-tile`` for models that can tile (None for the others, or 'none')."""
+    from ditmem.models.common.tiled_decode import supports_tiled_decode
+
+    return args.decode_tile if supports_tiled_decode(gen) else None
+
+
+def warm_up(gen, trace, pool) -> None:
+    """Run each distinct shape for two steps once (first-call costs stay out of the runs)."""
+    from ditmem.tools.replay import to_generation
+
+    seen = set()
+    for r in trace:
+        key = (r.width, r.height, r.frames)
+        if key in seen:
+            continue
+        seen.add(key)
+        req = to_generation(r)
+        req.num_inference_steps = 2
+        state = gen.encode(req, pool)
+        while not gen.is_done(state):
+            gen.step([state])
+        gen.decode(state)
+        gen.release(state)
+
+
+def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
+               line: int = 0) -> dict:
+    """Replay ``trace`` under policy ``name`` on a fresh engine; the raw outcome (picklable).
+    ``barrier``: wait on it just before the replay (parallel mode starts all together)."""
+    from ditmem.engine.factory import EngineConfig, make_policy_and_cost, make_pools
+    from ditmem.engine.loop import Engine
+    from ditmem.tools.replay import replay
+
+    config = EngineConfig(model=args.model, pool_mb=args.pool_mb, page_kb=args.page_kb,
+                          max_queued=max(256, 2 * args.requests))
+    policy, cost = make_policy_and_cost(name, args.profile)
+    pool, host = make_pools(config, "cpu")
+    engine = Engine(gen, policy, cost, pool, host, model=model_key,
+                    max_queued=config.max_queued, decode_workers=args.decode_workers,
+                    decode=decode_mode(args, name, gen), decode_tile=decode_tile(args, gen))
+    engine.start()
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req", position=line)
+    if barrier is not None:
+        barrier.wait()
+    t0 = time.perf_counter()
+    records, services = replay(engine, trace, progress=bar)
+    wall = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    engine.drain(60)
+    return {"records": records, "services": services, "stats": engine.stats(), "wall": wall,
+            "leaked": pool.num_used_pages + host.num_used_pages,
+            "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
+
+
+def _child(args, name, trace, barrier, out_queue, core, line) -> None:
+    """One policy in its own process (parallel mode), on CPU ``core`` when given; its
+    progress bar on terminal ``line``."""
+    import os
+
+    from ditmem import models
+    from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
+
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    set_torch_threads(args.threads)
+    gen = models.load(args.model, dtype=args.dtype)
+    pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
+    warm_up(gen, trace, pool)
+    out_queue.put((name, run_policy(gen, name, trace, args, scheduler_model(args.model, gen),
+                                    barrier, line)))
+
+
+def run_parallel(names, trace, args) -> dict:
+    """Each policy in its own process, all replays started together: on a shared machine
+    both see the same background load at the same time. With at least one core per policy
+    (and ``--threads`` 1), each process is pinned to its own core."""
+    import multiprocessing as mp
+    import os
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = len(cores) >= len(names) and args.threads == 1
+    ctx = mp.get_context("spawn")
+    barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue,
+                                              cores[i] if pin else None, i))
+             for i, n in enumerate(names)]
+    for p in procs:
+        p.start()
+    outcomes = dict(out_queue.get() for _ in names)
+    for p in procs:
+        p.join()
+    print("\n" * len(names), end="", flush=True)  # below the progress bars
+    return outcomes

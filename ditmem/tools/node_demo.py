@@ -1,0 +1,371 @@
+"""``ditmem demo --devices D``: the seed-mix replay on a node of D device workers.
+
+One trace (seed-mix with GPU shapes divided by ``--divisor``, Poisson arrivals at load ρ
+per device, computed with the profile measured at start) is replayed in real time twice,
+one policy after the other, on the same node engine: ``fifo`` on D static single-device
+replicas, then ``slo`` with elastic sequence-parallel degree and migration. Both run the
+scheduler's own node loop (``run_node``) over :class:`~ditmem.parallel.devices.
+EngineDevices`: every step runs on the workers. Beside the measured numbers: what the node
+simulator predicts for the same trace (timing noise on), the trace's offline attainment
+bound, and a P95 floor (95th percentile of each request's time alone at the highest
+degree). The targets of the two-device main job are checked and printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+
+
+def _profile(args, node, log) -> dict:
+    """The single-device profile (measured here now, or the ``--profile`` JSON) with the
+    node's ``parallel`` and ``links`` sections measured on the workers (kept as they are
+    when the given JSON has them: a saved demo profile replays the same run)."""
+    from ditmem import models
+    from ditmem.parallel.speedup import CalibrationError, calibrate, speedup_table
+    from ditmem.scheduler.models import tokens_for
+    from ditmem.scheduler.workloads import MIXES
+    from ditmem.tools.profile import measure_profile
+
+    sides = sorted({max(16, s.width // args.divisor // 16 * 16)
+                    for s in MIXES[args.workload].shapes})
+    if args.profile == "measure":
+        import torch
+
+        torch.set_num_threads(1)  # as a worker computes
+        gen = models.load(args.model, dtype=args.dtype)
+        log(f"measuring the device profile for sides {sides} (one thread, as a worker) ...")
+        # batches 1 and 2, 3 repeats: what the node's packed steps need, in ~2 minutes here
+        profile = measure_profile(gen, args.model, sides, [1, 2], 3, pool_mb=args.pool_mb,
+                                  page_kb=args.page_kb, tool="ditmem demo --devices",
+                                  log=lambda *_: None, decode_tile=args.decode_tile)
+        del gen
+    else:
+        with open(args.profile) as f:  # a profile JSON (checked in main)
+            profile = json.load(f)
+        if "parallel" in profile and "links" in profile:
+            log(f"profile: {args.profile} (its parallel table and links; nothing measured)")
+            return profile
+    key = next(iter(profile["models"]))
+    log(f"measuring the speed-up per degree on {node.num_devices} devices (at least "
+        f"{CALIBRATION_ROUNDS} rounds of 2 steps per side, checked for plausibility) ...")
+    clock = getattr(args, "parallel_clock", "cpu")
+    try:
+        rows = calibrate(node, sides, CALIBRATION_ROUNDS, clock=clock, report=log,
+                         tokens_for=lambda s: tokens_for(key, s, s, 1))
+    except CalibrationError as exc:
+        if not exc.waited_only:
+            raise
+        log(f"the {clock}-time table is refused only because the degree-2 ranks waited for "
+            "cores (wall time far below it): measuring on wall time instead, which is what "
+            "the replays will see on this machine now")
+        clock = "wall"
+        rows = calibrate(node, sides, CALIBRATION_ROUNDS, clock=clock, report=log,
+                         tokens_for=lambda s: tokens_for(key, s, s, 1))
+    check_against_profile(rows, profile, key, log)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rounds = sorted({r["rounds"] for r in rows})
+    profile["parallel"] = {key: speedup_table(
+        rows, f"measured by ditmem demo --devices {node.num_devices}, {when}; {clock} "
+              f"time, median of {rounds[0]}-{rounds[-1]} interleaved rounds of 2 steps, "
+              "checked plausible", clock)}
+    profile["parallel"][key]["measured"] = rows
+    host = profile["host_link_bytes_per_s"]
+    profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
+                        "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
+                        "source": f"measured by ditmem demo --devices, {when}"}
+    with open(args.profile_out, "w") as f:
+        json.dump(profile, f, indent=2)
+    log(f"profile: {args.profile_out} (speed-up at degree 2: "
+        f"{profile['parallel'][key]['speedup'].get('2')})")
+    return profile
+
+
+#: rounds of the start-up speed-up measurement (more while they spread; see speedup.py)
+CALIBRATION_ROUNDS = 5
+#: a replay stage (or the workers' degree-1 step) off the profile by more than this
+#: factor either way is called out: the simulator's prediction assumes the profile
+TRACK_LIMIT = 1.25
+
+
+def check_against_profile(rows: list[dict], profile: dict, key: str, log) -> list[str]:
+    """The workers' degree-1 step (wall, from the speed-up rows) against the profile's
+    single-device step for the same tokens (measured before, in the engine process):
+    one line per size, logged; the lines off by more than ``TRACK_LIMIT`` are returned."""
+    from ditmem.scheduler import CostModel
+
+    cost = CostModel.from_dict(profile)  # single-device: no parallel section needed yet
+    off = []
+    for r in rows:
+        if r["degree"] != 1:
+            continue
+        predicted = 1000 * cost.step_time(key, [r["tokens"]])
+        ratio = r["step_ms"] / predicted
+        line = (f"  degree-1 step on the workers at {r['tokens']} tokens: {r['step_ms']:.1f} "
+                f"ms vs the profile's {predicted:.1f} ms (x{ratio:.2f})")
+        if not 1 / TRACK_LIMIT <= ratio <= TRACK_LIMIT:
+            line += " -- the machine changed between the two measurements"
+            off.append(line)
+        log(line)
+    return off
+
+
+class TrackedDevices:
+    """``NodeDevices`` that pass through to ``devices`` (an ``EngineDevices``) and keep, for
+    every completed job, each stage's measured seconds beside what the profile's cost
+    model (``truth``, a ``NodeCost``: what the simulator replays) predicts for it."""
+
+    def __init__(self, devices, truth) -> None:
+        self.devices = devices
+        self.truth = truth
+        self.measured: dict[str, float] = {}
+        self.predicted: dict[str, float] = {}
+        self.jobs: dict[str, int] = {}
+
+    def launch(self, job, now: float) -> None:
+        self.devices.launch(job, now)
+
+    def wait(self, until):
+        done = self.devices.wait(until)
+        for c in done:
+            self.record(c.job, c.timings)
+        return done
+
+    def _add(self, stage: str, measured: float, predicted: float) -> None:
+        self.measured[stage] = self.measured.get(stage, 0.0) + measured
+        self.predicted[stage] = self.predicted.get(stage, 0.0) + predicted
+        self.jobs[stage] = self.jobs.get(stage, 0) + 1
+
+    def record(self, job, t) -> None:
+        """Add one job's ``Timings`` ``t`` and the profile's times for ``job``."""
+        from ditmem.scheduler.node.device import spread
+
+        truth, cost, degree = self.truth, self.truth.cost, job.group.degree
+        if job.moves:
+            self._add("moves", t.transfer_s, sum(
+                truth.offload_time(m.request, m.src) if m.dst is None
+                else truth.move_time(m.request, m.src, m.dst)[0] for m in job.moves))
+        if job.encodes:
+            self._add("encodes", t.encode_s,
+                      spread([cost.encode_time(r) for r in job.encodes], degree))
+        if job.batch and job.steps:
+            tokens = [cost.tokens(r) for r in job.batch]
+            self._add(f"steps d{degree}", t.step_s,
+                      job.steps * truth.step_time(job.batch[0].model, tokens, degree))
+        if job.decodes:
+            self._add("decodes", t.decode_s,
+                      spread([cost.decode_time(r) for r in job.decodes], degree))
+
+    def summary(self) -> dict[str, dict]:
+        """Per stage: ``{"measured_s", "predicted_s", "ratio", "jobs"}`` (sums over jobs)."""
+        return {k: {"measured_s": self.measured[k], "predicted_s": self.predicted[k],
+                    "ratio": self.measured[k] / self.predicted[k] if self.predicted[k] > 0
+                    else float("inf"), "jobs": self.jobs[k]}
+                for k in sorted(self.measured)}
+
+
+def build_trace(args, cost, devices: int):
+    """The requests: the workload at ρ × D, shapes divided by ``--divisor``."""
+    from ditmem.scheduler.workloads import with_load, workload
+
+    reqs = workload(args.workload, cost, load=args.load * devices, requests=args.requests,
+                    seed=args.seed, arrival=args.arrival, scale="gpu")
+    for r in reqs:
+        r.width = max(16, r.width // args.divisor // 16 * 16)
+        r.height = max(16, r.height // args.divisor // 16 * 16)
+    return with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
+
+
+class _Progress:
+    """One progress line for the whole run (rewritten in place)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.label = ""
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.enabled:
+            sys.stdout.write(f"\r{self.label}: {done}/{total} requests done   ")
+            sys.stdout.flush()
+
+    def end(self) -> None:
+        if self.enabled:
+            sys.stdout.write("\n")
+
+
+def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
+               decode_tile=None) -> dict:
+    """Replay ``trace`` under ``name`` on the node's real devices."""
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
+
+    truth = NodeCost(cost)
+    topo = Node(topo_devices, truth.links)
+    policy = make_node_policy(name, NodeCost(cost), topo)
+    devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
+    tracked = TrackedDevices(devices, truth)
+    progress.label = name
+    t0 = time.perf_counter()
+    result = run_node([dataclasses.replace(r) for r in trace], policy, tracked, topo, truth,
+                      progress=progress)
+    wall = time.perf_counter() - t0
+    progress.end()
+    for r in trace:  # nothing of this run stays on the node for the next policy
+        node.release(r.id)
+    for rec in result.records:  # a request whose job failed is a miss
+        if rec.request.id in devices.failed:
+            rec.finished = math.inf
+    out = summarize(result.records)
+    steps: dict[str, int] = {}
+    for rec in result.records:
+        for d, k in rec.degrees.items():
+            steps[str(d)] = steps.get(str(d), 0) + k
+    out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
+               migrations=sum(r.migrations for r in result.records),
+               parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary())
+    return out
+
+
+def predict(name: str, trace, cost, devices: int, seed: int) -> dict:
+    """The node simulator on the same trace, timing noise on (3 %, seeded)."""
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+
+    topo = Node(devices, NodeCost(cost).links)
+    policy = make_node_policy(name, NodeCost(cost), topo)
+    result = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
+                           noise=TimingNoise(0.03, 0.0, seed))
+    return summarize(result.records)
+
+
+def limits(trace, cost, devices: int) -> dict:
+    """The trace's offline attainment bound on the node and the P95 floor."""
+    from ditmem.scheduler.node.bound import min_node_misses
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.topology import Node
+
+    ncost = NodeCost(cost)
+    topo = Node(devices, ncost.links)
+    reqs = [dataclasses.replace(r) for r in trace]
+    bound = 1 - min_node_misses(reqs, ncost, devices, topo.degrees) / len(reqs)
+    alone = sorted(ncost.standalone(r, max(topo.degrees)) for r in reqs)
+    floor = alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
+    return {"bound_attainment": bound, "p95_floor_s": floor}
+
+
+def targets(rows: dict, lim: dict) -> list[tuple[str, bool, str]]:
+    """The main job's targets, checked on the measured rows."""
+    slo, fifo = rows["slo"], rows["fifo"]
+    att_bar = min(0.99, lim["bound_attainment"] - 0.005)
+    p95_bar = max(0.5 * fifo["p95_s"], 1.2 * lim["p95_floor_s"])
+    return [
+        ("slo attainment >= 99 % (or bound - 0.5 pt)", slo["slo_attainment"] >= att_bar,
+         f"{100 * slo['slo_attainment']:.1f} % vs bar {100 * att_bar:.1f} %"),
+        ("slo P95 <= 0.5 x fifo's (or 1.2 x floor)", slo["p95_s"] <= p95_bar,
+         f"{slo['p95_s']:.2f} s vs bar {p95_bar:.2f} s"),
+        ("slo P99 <= fifo's", slo["p99_s"] <= fifo["p99_s"],
+         f"{slo['p99_s']:.2f} s vs {fifo['p99_s']:.2f} s"),
+    ]
+
+
+def main(args) -> int:
+    import os
+
+    from ditmem.parallel.node import NodeEngine
+    from ditmem.parallel.speedup import CalibrationError
+    from ditmem.scheduler import CostModel
+
+    if args.devices > (os.cpu_count() or 1):
+        print(f"ditmem demo: --devices {args.devices} exceeds the {os.cpu_count()} cores",
+              file=sys.stderr)
+        return 2
+    if "wan" in args.model.lower():
+        print("ditmem demo: --devices > 1 replays an image workload (seed-mix): Qwen-Image "
+              "models only", file=sys.stderr)
+        return 2
+    if args.profile != "measure" and not os.path.isfile(args.profile):
+        print(f"ditmem demo --devices: --profile {args.profile}: expected 'measure' or a "
+              "profile JSON file", file=sys.stderr)
+        return 2
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if sorted(names) != ["fifo", "slo"]:
+        print("ditmem demo --devices: --policies must be fifo,slo", file=sys.stderr)
+        return 2
+    log = print
+    started = time.perf_counter()
+    page = args.page_kb * 1024
+    pages = max(64, int(args.pool_mb * 2**20) // page)
+    with NodeEngine(args.model, args.devices, pool_pages=pages, page_bytes=page,
+                    host_pages=4 * pages, model_kwargs={"dtype": args.dtype}) as node:
+        try:
+            profile = _profile(args, node, log)
+        except CalibrationError as exc:
+            print(f"ditmem demo --devices: {exc}.\nNot replaying with a table that cannot be "
+                  "trusted: rerun on a quieter machine, or pass --profile with a saved demo "
+                  "profile (benchmarks/parallel/results/*_profile.json)", file=sys.stderr)
+            return 1
+        cost = CostModel.from_dict(profile)
+        trace = build_trace(args, cost, args.devices)
+        lim = limits(trace, cost, args.devices)
+        log(f"trace: {len(trace)} requests, rho {args.load} per device on {args.devices} "
+            f"devices, spans {trace[-1].arrival:.0f} s")
+        progress = _Progress(not args.no_progress)
+        rows = {}
+        load_avg = {"start": os.getloadavg()[0]}
+        for name in ("fifo", "slo"):
+            rows[name] = run_policy(node, name, trace, cost, args.devices, progress,
+                                    args.decode_tile)
+            sim = predict(name, trace, cost, args.devices, args.seed)
+            rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
+                              sim_p99_s=sim["p99_s"])
+            load_avg[f"after {name}"] = os.getloadavg()[0]
+    total = time.perf_counter() - started
+    print(f"\n{'policy':<6} {'att %':>6} {'P50 s':>7} {'P95 s':>7} {'P99 s':>7} "
+          f"{'sim att %':>9} {'sim P95':>8} {'steps d1/d2':>11} {'moves':>6} {'wall s':>7}")
+    for name, r in rows.items():
+        steps = r["steps_by_degree"]
+        print(f"{name:<6} {100 * r['slo_attainment']:6.1f} {r['p50_s']:7.2f} {r['p95_s']:7.2f} "
+              f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
+              f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
+              f"{r['wall_s']:7.0f}")
+    print("replay vs profile (measured / predicted seconds, summed over jobs; the "
+          "simulator's columns assume x1.00):")
+    for name, r in rows.items():
+        parts = [f"{stage} x{v['ratio']:.2f}" for stage, v in r["vs_profile"].items()]
+        print(f"  {name:<6} " + ", ".join(parts))
+        for stage, v in r["vs_profile"].items():
+            if not 1 / TRACK_LIMIT <= v["ratio"] <= TRACK_LIMIT:
+                print(f"  [off] {name} {stage}: x{v['ratio']:.2f} of the profile over "
+                      f"{v['jobs']} jobs -- the prediction and the limits below do not "
+                      "describe this run")
+    print("machine load average (1 min; other jobs share the cores): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in load_avg.items()))
+    print(f"trace limits: offline bound {100 * lim['bound_attainment']:.1f} % attainment; "
+          f"P95 floor {lim['p95_floor_s']:.2f} s (alone at degree {args.devices})")
+    for what, ok, detail in targets(rows, lim):
+        print(f"  [{'met' if ok else 'MISSED'}] {what}: {detail}")
+    for name, r in rows.items():
+        for e in r["errors"]:
+            print(f"  {name} error: {e}")
+    print(f"total {total:.0f} s")
+    if args.json:
+        meta = {"command": "demo --devices", "devices": args.devices, "model": args.model,
+                "workload": args.workload, "load": args.load, "requests": len(trace),
+                "seed": args.seed, "divisor": args.divisor, "total_wall_s": total,
+                "load_average": load_avg, **lim}
+        with open(args.json, "w") as f:
+            json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
+        print(f"json: {args.json}")
+    return 0

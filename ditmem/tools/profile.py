@@ -1,0 +1,335 @@
+"""``ditmem profile``: measure a device profile for the cost model on this machine.
+
+Writes the scheduler's version-1 profile JSON (``ditmem/scheduler/profiles.py``) with a
+measured step table: median seconds of one packed step for each (tokens, batch) point, the
+encode time, a decode rate, state bytes from the generator's own page accounting, and the
+host-link copy rate. Every number's ``source`` says how it was measured.
+
+The profile format has no fixed decode cost, only a per-megapixel rate; the tiny VAE has a
+large fixed part, so the fixed part is folded into ``encode_s`` (both happen once per
+request) and the slope into ``decode_s_per_megapixel`` — standalone times stay exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+from ditmem.engine.threads import add_threads_argument, set_torch_threads
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen-image")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--name", default="cpu-tiny")
+    p.add_argument("--sides", default="64,128,256",
+                   help="square image sides to time (pixels, multiples of 16)")
+    p.add_argument("--batches", default="1,2,4", help="batch sizes to time")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per point (median)")
+    p.add_argument("--pool-mb", type=float, default=64.0,
+                   help="engine pool the profile describes (device_bytes = weights + "
+                        "workspace + pool)")
+    p.add_argument("--page-kb", type=int, default=64)
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="model dtype (default: bfloat16 on cuda/npu, float32 on cpu)")
+    p.add_argument("--max-batch", type=int, default=4)
+    p.add_argument("--frames", type=int, default=1, help="frames per request (video models)")
+    add_decode_tile_argument(p, "tiled decode geometry in pixels to time (models with a "
+                                "tiled decode; 'none' to skip): writes decode_tile_px/"
+                                "stride_px/tile_s")
+    add_threads_argument(p)
+    from ditmem.tools.profile_devices import add_device_arguments
+
+    add_device_arguments(p)
+
+
+def median_time(fn, repeats: int) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn()``."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _fit_line(xs, ys):
+    """Least squares y = a + b x with a, b >= 0."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx) if sxx else 0
+    return max(0.0, my - b * mx), b
+
+
+def _state_bytes(gen, request) -> int:
+    """Bytes of state the generator keeps for ``request`` (its own accounting)."""
+    if callable(getattr(gen, "state_bytes", None)):
+        return int(gen.state_bytes(request))
+    return 4 * gen.estimate_pages(request, 4)  # 4-byte pages: pages x 4 = bytes (fp32)
+
+
+def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
+            frames: int = 1, decode_up_to: int | None = None) -> dict:
+    """Raw measurements: step points, encode, decode per side, state bytes per side.
+    ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video;
+    ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles)."""
+    from ditmem.models.common.request import GenerationRequest
+    from ditmem.scheduler.models import tokens_for
+    from ditmem.tools.replay import PROMPTS
+
+    def request(side, i, steps):
+        return GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
+                                 num_inference_steps=steps, num_frames=frames, seed=i,
+                                 request_id=f"p{side}-{i}")
+
+    steps, encodes, decodes, state_bytes = [], [], {}, {}
+    for side in sides:
+        reqs = [request(side, i, 1000) for i in range(max(batches))]
+        state_bytes[side] = statistics.mean(_state_bytes(gen, r) for r in reqs)
+        states = []
+        for r in reqs:
+            t0 = time.perf_counter()
+            states.append(gen.encode(r, pool))
+            encodes.append(time.perf_counter() - t0)
+        for b in batches:
+            batch = states[:b]
+            gen.step(batch)  # warm-up
+            secs = median_time(lambda batch=batch: gen.step(batch), repeats)
+            steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
+                          "seconds": secs})
+            log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
+        for s in states:
+            gen.release(s)
+        if decode_up_to is not None and side > decode_up_to:
+            continue
+        times = []
+        for i in range(max(1, repeats - 1)):  # a 2-step request run to the end, then decoded
+            s = gen.encode(request(side, i, 2), pool)
+            while not gen.is_done(s):
+                gen.step([s])
+            t0 = time.perf_counter()
+            gen.decode(s)
+            times.append(time.perf_counter() - t0)
+            gen.release(s)
+        decodes[side] = statistics.median(times)
+        log(f"  decode {side}x{side}: {1000 * decodes[side]:.1f} ms")
+    return {"steps": steps, "encode_s": statistics.median(encodes[1:] or encodes),
+            "decode_s": decodes, "state_bytes": state_bytes, "key": key, "frames": frames}
+
+
+def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
+    """Bytes/s of a page-arena copy (what offload does on a CPU 'device')."""
+    import torch
+
+    src = torch.empty(pool_bytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    return pool_bytes / median_time(lambda: dst.copy_(src), 5)
+
+
+def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: int,
+                  weights_bytes: int, link: float, tool: str = "ditmem profile",
+                  page_kb: int = 64) -> dict:
+    """The version-1 profile dict for the measured model's scheduler key."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    src = f"measured by `{tool} --model {model}` on this machine, {when}"
+    n = lambda v, how="": {"value": v, "source": src + (f"; {how}" if how else "")}
+    sides = sorted(m["decode_s"])
+    tiling = m.get("decode_tile")
+    if tiling is not None:  # larger images decode as tiles: fit the ones that fit a tile
+        sides = [s for s in sides if s <= tiling[0]]
+    mpix = [s * s * m["frames"] / 1e6 for s in sides]
+    if len(sides) == 1:  # one point: a rate through the origin
+        fixed, per_mp = 0.0, m["decode_s"][sides[0]] / mpix[0]
+    else:
+        fixed, per_mp = _fit_line(mpix, [m["decode_s"][s] for s in sides])
+    from ditmem.scheduler.models import tokens_for
+
+    state_sides = sorted(m["state_bytes"])
+    tokens = [tokens_for(m["key"], s, s, m["frames"]) for s in state_sides]
+    per_req, per_tok = _fit_line(tokens, [m["state_bytes"][s] for s in state_sides])
+    workspace = 64 * 2**20
+    pool = int(pool_mb * 2**20)
+    profile = {
+        "format": 1, "name": name,
+        "description": f"{model} measured on this machine by `{tool}` ({when}).",
+        "device_bytes": n(weights_bytes + workspace + pool, "weights + workspace + --pool-mb"),
+        "host_bytes": n(4 * pool, "engine default host pool: 4x the device pool"),
+        "host_link_bytes_per_s": n(link, "median of 5 copies of a 64 MiB arena"),
+        "page_bytes": n(page_kb * 1024, "the engine's page size (--page-kb)"),
+        "models": {m["key"]: {
+            "weights_bytes": n(weights_bytes, "sum of parameter bytes of all components"),
+            "workspace_bytes": n(workspace, "reserve for step activations (not measured)"),
+            "state_bytes_per_token": n(per_tok, "fit of the generator's page accounting"),
+            "state_bytes_per_request": n(per_req, "fit of the generator's page accounting"),
+            "encode_s": n(m["encode_s"] + fixed,
+                          f"median encode {m['encode_s']:.4f} s + fixed part of decode "
+                          f"{fixed:.4f} s (line fit of decode vs megapixels)"),
+            "decode_s_per_megapixel": n(per_mp, "slope of decode time vs megapixels"),
+            "max_batch": n(max_batch, "engine packed-step limit"),
+            "step": {"kind": "table", "points": n(m["steps"], "median of --repeats steps")},
+        }},
+    }
+    if tiling is not None:
+        tile, stride, tile_s = tiling
+        section = profile["models"][m["key"]]
+        section["decode_tile_px"] = n(tile, "tiled decode (Engine decode='tiled')")
+        section["decode_stride_px"] = n(stride, "tiled decode stride")
+        section["decode_tile_s"] = n(tile_s, f"median decode of one {tile}x{tile} tile")
+    return profile
+
+
+def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str = "cpu-tiny",
+                    pool_mb: float = 64.0, max_batch: int = 4, page_kb: int = 64,
+                    tool: str = "ditmem profile", log=print, frames: int = 1,
+                    decode_tile: tuple[int, int] | None = (256, 224)) -> dict:
+    """Measure ``gen`` and return the profile dict (see :func:`build_profile`);
+    ``decode_tile`` (tile, stride) px: also time one decode tile when ``gen`` can tile."""
+    from ditmem.memory import PagePool
+
+    pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
+    from ditmem.engine.factory import scheduler_model
+    from ditmem.models.common.tiled_decode import supports_tiled_decode
+
+    tiles = decode_tile is not None and supports_tiled_decode(gen)
+    m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
+                frames=frames, decode_up_to=decode_tile[0] if tiles else None)
+    if tiles:
+        tile, stride = decode_tile
+        if tile not in m["decode_s"]:
+            m["decode_s"][tile] = measure(gen, [tile], [1], repeats, pool, log=log,
+                                          key=m["key"], frames=frames)["decode_s"][tile]
+        m["decode_tile"] = (tile, stride, m["decode_s"][tile])
+    weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
+                  if hasattr(c, "parameters") for p in c.parameters())
+    return build_profile(m, model=model, name=name, pool_mb=pool_mb, max_batch=max_batch,
+                         weights_bytes=weights, link=host_link_rate(), tool=tool,
+                         page_kb=page_kb)
+
+
+#: ``--profile`` values that resolve at start-up (``startup_profile``), not to a file or name.
+STARTUP_CHOICES = ("auto", "measure")
+#: What a start-up measurement times: square sides (the HTTP bench's 128²/256²/512² mix;
+#: video models: smaller, their requests carry frames), batch sizes and repeats per point.
+STARTUP_SIDES = (128, 256, 512)
+STARTUP_VIDEO_SIDES = (64, 128)
+STARTUP_BATCHES = (1, 2, 4)
+STARTUP_REPEATS = 3
+
+
+def profile_cache_path(model: str, device: str) -> Path:
+    """Where the start-up profile of ``model`` on ``device`` of this host is kept
+    (``$DITMEM_CACHE`` or ``~/.cache/ditmem``, then ``profiles/<model>-<device>-<host>.json``)."""
+    root = Path(os.environ.get("DITMEM_CACHE") or Path.home() / ".cache" / "ditmem")
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model}-{device}-{platform.node()}")
+    return root / "profiles" / f"{key}.json"
+
+
+def startup_profile(gen, model: str, device: str, choice: str, *, frames: int = 1,
+                    page_kb: int = 64, log=None) -> str:
+    """The profile an engine schedules with, as a name or JSON path: ``choice`` "auto" — the
+    measurement kept for this model, device and host (``profile_cache_path``), made now and
+    kept when there is none or it no longer loads; "measure" — measured now (the kept one
+    replaced); anything else — a profile name or JSON path, returned as is."""
+    if choice not in STARTUP_CHOICES:
+        return choice
+    from ditmem.engine.factory import scheduler_model
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.profiles import ProfileError
+
+    log = log or logging.getLogger("ditmem.profile").warning
+    key = scheduler_model(model, gen)
+    sides = STARTUP_VIDEO_SIDES if frames > 1 else STARTUP_SIDES
+    batches, repeats = STARTUP_BATCHES, STARTUP_REPEATS
+    path = profile_cache_path(model, device)
+    if choice == "auto" and path.is_file():
+        try:
+            CostModel.load(path).max_batch(key)
+            log(f"profile: {path} (measured earlier on this machine; --profile measure "
+                "to measure again)")
+            return str(path)
+        except (ProfileError, ValueError, OSError) as exc:
+            log(f"profile: {path} is unusable ({exc}); measuring again")
+    log(f"profile: measuring {model} on {device} (sides {list(sides)}, batches "
+        f"{list(batches)}) ...")
+    t0 = time.perf_counter()
+    profile = measure_profile(gen, model, list(sides), list(batches), repeats,
+                              name=f"{model} on {device} ({platform.node()})",
+                              page_kb=page_kb, tool="ditmem serve", log=lambda *_: None,
+                              frames=frames)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(profile, indent=2))
+    tmp.replace(path)
+    log(f"profile: measured in {time.perf_counter() - t0:.0f} s, kept in {path}")
+    return str(path)
+
+
+def parse_tile(text: str) -> tuple[int, int] | None:
+    """``"256,224"`` -> (256, 224); ``"none"`` -> None. ValueError names the flag."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        tile, stride = (int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--decode-tile: expected TILE,STRIDE pixels, got {text!r}") from None
+    if tile % 16 or stride % 16 or not 0 < stride <= tile:
+        raise ValueError(f"--decode-tile: TILE and STRIDE must be multiples of 16 with "
+                         f"0 < STRIDE <= TILE, got {text!r}")
+    return tile, stride
+
+
+def add_decode_tile_argument(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--decode-tile TILE,STRIDE`` (default 256,224; 'none'), parsed by
+    :func:`parse_tile` when the command line is read: a bad value is a usage error."""
+
+    def tile(text: str) -> tuple[int, int] | None:
+        try:
+            return parse_tile(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--decode-tile: ")) from None
+
+    p.add_argument("--decode-tile", type=tile, default="256,224", metavar="TILE,STRIDE",
+                   help=help_text)
+
+
+def main(args) -> int:
+    from ditmem import models
+    from ditmem.tools.profile_devices import check_device_arguments, measure_parallel
+
+    problem = check_device_arguments(args)
+    if problem:
+        print(f"ditmem profile: error: {problem}")
+        return 2
+    set_torch_threads(args.threads)
+    gen = models.load(args.model, dtype=args.dtype)
+    sides = [int(s) for s in args.sides.split(",")]
+    batches = sorted({int(b) for b in args.batches.split(",")})
+    print(f"profiling {args.model}: sides {sides}, batches {batches}")
+    profile = measure_profile(gen, args.model, sides, batches, args.repeats, name=args.name,
+                              pool_mb=args.pool_mb, max_batch=args.max_batch,
+                              page_kb=args.page_kb, frames=args.frames,
+                              decode_tile=args.decode_tile)
+    if args.devices > 1:
+        from ditmem.parallel.speedup import CalibrationError
+
+        try:
+            profile["parallel"], profile["links"] = measure_parallel(
+                args, next(iter(profile["models"])), profile["host_link_bytes_per_s"]["value"])
+        except CalibrationError as exc:
+            print(f"ditmem profile --devices: error: {exc}; nothing written")
+            return 1
+    from ditmem.scheduler.profiles import parse_profile
+
+    parse_profile(profile, args.out)  # refuse to write what the loader would reject
+    with open(args.out, "w") as f:
+        json.dump(profile, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
