@@ -12,14 +12,11 @@ mean standalone time at degree 1 ÷ (R × D). One row per router, seeds pooled.
 
 from __future__ import annotations
 
-import json
-import sys
-
+from .cli import SIM_ERRORS, fail, write_rows
 from .cluster import simulate_cluster
 from .cost import CostModel
 from .metrics import summarize
 from .noise import TimingNoise
-from .profiles import ProfileError
 from .routing import ROUTERS, make_router
 from .workloads import workload
 
@@ -98,11 +95,6 @@ def cluster_main(args) -> int:
                 report_s=args.report_s, requests=args.requests, scale=args.scale)
             rows.append(row)
             print(line(row), flush=True)
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(rows, fh, indent=2)
-            print(f"json: {args.json}")
-        return 0
-    except (ValueError, ProfileError, OSError) as exc:
-        print(f"ditmem sim: error: {exc}", file=sys.stderr)
-        return 2
+        return write_rows(rows, args.json)
+    except SIM_ERRORS as exc:
+        return fail(exc)
