@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...policies import check_options
 from ..cost import NodeCost
 from ..topology import Node
 from .base import NodePolicy, Placer, best_group
@@ -25,6 +26,7 @@ def make_node_policy(
     cls = NODE_POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown node policy {name!r}; choose from {', '.join(NODE_POLICIES)}")
+    check_options(name, cls, options, positional=2)
     if name in STATIC:
         node.groups(baseline_degree)  # validates the degree against the node
         return cls(ncost, node, baseline_degree=baseline_degree, **options)
