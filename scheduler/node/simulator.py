@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from ..noise import TimingNoise
 from ..queue import WaitingQueue
 from ..request import Request
-from ..simulator import PlanError, Record, arrivals
+from ..simulator import PlanError, Record
 from .cost import NodeCost
 from .device import Completion, Job, Move, NodeDevices, VirtualDevices
+from .intake import NodeIntake, TraceIntake
 from .plan import Assignment, NodeStatus, NodeView
 from .topology import Group, Node
 
@@ -107,7 +108,7 @@ class _State:
 
 
 def run_node(
-    requests: Sequence[Request],
+    requests: Sequence[Request] | NodeIntake,
     policy,
     devices: NodeDevices,
     node: Node,
@@ -117,21 +118,30 @@ def run_node(
     page_bytes: int | None = None,
     max_started_per_device: int | None = MAX_STARTED_PER_DEVICE,
     progress: Callable[[int, int], None] | None = None,
+    on_record: Callable[[Record], None] | None = None,
 ) -> NodeResult:
-    """Replay ``requests`` on ``node`` under ``policy`` (a node policy) with ``devices``.
+    """Run ``requests`` (a trace, or a ``NodeIntake`` a live server feeds) on ``node``
+    under ``policy`` (a node policy) with ``devices``, until the intake is closed and
+    every request it gave has finished or been cancelled.
 
-    Requests without a deadline get ``slo_scale`` × their standalone time at degree 1.
-    Every request runs to completion. At most ``max_started_per_device`` × D requests are
-    started at once (None: no cap).
+    Requests of a trace without a deadline get ``slo_scale`` × their standalone time at
+    degree 1. At most ``max_started_per_device`` × D requests are started at once (None:
+    no cap). ``on_record``: called with each finished request's record, which is then not
+    kept (a server's loop runs for its lifetime); else records are returned.
     """
-    if not requests:
-        return NodeResult([], 0.0, 0, 0.0, 0)
-    pending = arrivals(requests, truth.cost, slo_scale, "a node runs")
+    if isinstance(requests, Sequence):
+        if not requests:
+            return NodeResult([], 0.0, 0, 0.0, 0)
+        requests = TraceIntake(requests, truth.cost, slo_scale)
+    intake = requests
     page_bytes = truth.cost.page_bytes if page_bytes is None else page_bytes
     cap = None if max_started_per_device is None else max_started_per_device * node.devices
-    st = _State(node, truth, pending[0].model, page_bytes, cap)
+    st = _State(node, truth, intake.model, page_bytes, cap)
     records: list[Record] = []
-    total, nxt, now, jobs, decisions, busy = len(pending), 0, 0.0, 0, 0, 0.0
+    finished_count, now, jobs, decisions, busy = 0, 0.0, 0, 0, 0.0
+    total = len(intake.pending) if isinstance(intake, TraceIntake) else 0
+    cancelling: set[str] = set()
+    lost = 0
     changed = True
 
     def launch(a: Assignment) -> None:
@@ -190,10 +200,10 @@ def run_node(
         jobs += 1
 
     def complete(c: Completion) -> None:
-        nonlocal busy
+        nonlocal busy, finished_count
         job = c.job
         members = st.running.pop(job.job_id)
-        st.free |= job.group.mask
+        st.free |= job.group.mask & ~lost
         busy += (c.finished - c.started) * job.group.degree
         finished = []
         for s in members:
@@ -206,10 +216,12 @@ def run_node(
                     st.free_pages[dev] += s.pages
                 del st.started[s.id]
                 finished.append(s.id)
-                records.append(
-                    Record(s.request, s.started_at, c.finished, s.preemptions, s.offloads,
-                           migrations=s.migrations, degrees=dict(s.degrees))
-                )
+                record = Record(s.request, s.started_at, c.finished, s.preemptions,
+                                s.offloads, migrations=s.migrations, degrees=dict(s.degrees))
+                if on_record is not None:
+                    on_record(record)
+                else:
+                    records.append(record)
         model = job.batch[0].model if job.batch else ""
         t = c.timings
         policy.observe(
@@ -217,29 +229,60 @@ def run_node(
                        [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
                        t.encode_s, t.step_s, t.decode_s, finished)
         )
+        finished_count += len(finished)
         if finished and progress is not None:
-            progress(len(records), total)
+            progress(finished_count, total)
 
-    while len(records) < total:
-        while nxt < total and pending[nxt].arrival <= now:
-            st.waiting.push(pending[nxt])
-            nxt += 1
+    def drop(rid: str) -> bool:
+        """Let a cancelled request go; False while a job runs it (tried again later)."""
+        if rid in st.waiting:
+            st.waiting.remove(rid)
+            intake.dropped(rid, False)
+            return True
+        s = st.started.get(rid)
+        if s is None:  # finished (or never arrived)
+            return True
+        if s.running:
+            return False
+        if s.group is not None:
+            for dev in s.group.devices:
+                st.free_pages[dev] += s.pages
+        else:
+            st.host_free += s.host_pages
+        del st.started[rid]
+        intake.dropped(rid, True)
+        return True
+
+    while True:
+        for r in intake.take(now):
+            st.waiting.push(r)
             changed = True
+        cancelling.update(intake.cancelled())
+        for rid in [rid for rid in cancelling if drop(rid)]:
+            cancelling.discard(rid)
+            changed = True
+        newly_lost = intake.lost() & ~lost
+        if newly_lost:
+            lost |= newly_lost
+            st.free &= ~lost
+            changed = True
+        if intake.closed() and not st.waiting and not st.started and not st.running:
+            break
         if changed and st.free and (st.waiting or len(st.started) > len(st.running)):
             plan = policy.schedule(st.view(now))
             decisions += 1
             for a in plan.assignments:
                 launch(a)
         changed = False
-        until = pending[nxt].arrival if nxt < total else None
-        if not st.running and until is None:
+        until = intake.next_arrival()
+        if not st.running and until is None and intake.closed():
             raise PlanError(
                 f"policy {policy.name!r} stalled at t={now:.3f}s with {len(st.waiting)} waiting "
                 f"and {len(st.started)} started requests"
             )
         done = devices.wait(until)
         if not done:
-            now = until
+            now = until if until is not None else max(now, intake.now())
             continue
         now = done[0].finished
         for c in done:
