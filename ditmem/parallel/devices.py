@@ -12,7 +12,12 @@ same loop that drives the simulator's virtual devices replays a trace in real ti
 
 A job that fails (a lost device, a pool without room) still completes, so the loop never
 waits forever; its error is recorded in :attr:`EngineDevices.errors`, its requests in
-:attr:`EngineDevices.failed`, and their pages are released.
+:attr:`EngineDevices.failed` (and handed to ``on_failed``), and their pages are released.
+Members that already failed (their device was lost while they were paused) are left out
+of a job, so they cannot fail the others. :meth:`EngineDevices.notify` makes ``wait``
+return early (a live arrival, a cancel): the loop then reads the time from its intake.
+Each move is timed (:class:`~ditmem.parallel.node.MoveTiming`, kept in
+:attr:`EngineDevices.moves`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ditmem.scheduler.node.device import Completion, Job, JobStages, Timings, run_job
 
@@ -50,18 +57,43 @@ def _spread(items: list, devices: tuple[int, ...], fn: Callable) -> None:
         raise errors[0]
 
 
+class _Woken:
+    """Put on the completion queue by :meth:`EngineDevices.notify` (not a completion)."""
+
+
+@dataclass(slots=True)
+class MoveRecord:
+    """A timed move: ``kind`` ("offload", "restore", "peer"), the request, and its
+    ``MoveTiming``."""
+
+    kind: str
+    request_id: str
+    timing: object
+
+
+#: moves kept in ``EngineDevices.moves`` (the latest ones)
+MOVES_KEPT = 10_000
+
+
 class EngineDevices:
     """``NodeDevices`` on a ``NodeEngine`` (see module docstring).
 
     to_generation: scheduler ``Request`` -> ``GenerationRequest`` (its ``request_id`` must
     be the request's id); keep_outputs: keep every decoded image in :attr:`outputs`;
     decode_tile: ``(tile_px, stride_px)`` to decode with the VAE's tiled decode (as the
-    profile's ``decode_tile_*`` prices it), ``None`` for whole decodes.
+    profile's ``decode_tile_*`` prices it), ``None`` for whole decodes. A server's
+    callbacks (from job threads): ``on_output(request_id, image)`` as each image is decoded
+    (uint8 ``[H, W, 3]``), ``on_failed(request_id, error)`` for each request of a failed
+    job (or left out of one), ``on_event(kind, request_ids, job)`` with kind "encoded" or
+    "stepped" as stages end.
     """
 
     def __init__(self, node, to_generation: Callable, *, keep_outputs: bool = False,
                  decode_tile: tuple[int, int] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_output: Callable[[str, object], None] | None = None,
+                 on_failed: Callable[[str, BaseException], None] | None = None,
+                 on_event: Callable[[str, list[str], object], None] | None = None) -> None:
         self.node = node
         self.decode_tile = decode_tile
         self.to_generation = to_generation
@@ -72,7 +104,9 @@ class EngineDevices:
         self.errors: list[str] = []
         self.failed: set[str] = set()
         self.link_busy_s = 0.0
-        self._done: queue.Queue[Completion] = queue.Queue()
+        self.on_output, self.on_failed, self.on_event = on_output, on_failed, on_event
+        self.moves: deque[MoveRecord] = deque(maxlen=MOVES_KEPT)
+        self._done: queue.Queue[Completion | _Woken] = queue.Queue()
         self._lock = threading.Lock()
 
     def now(self) -> float:
@@ -83,13 +117,17 @@ class EngineDevices:
         threading.Thread(target=self._run, args=(job, now), name=f"ditmem-job-{job.job_id}",
                          daemon=True).start()
 
+    def notify(self) -> None:
+        """Make the loop's current (or next) ``wait`` return early, with no completion."""
+        self._done.put(_Woken())
+
     def wait(self, until: float | None) -> list[Completion]:
         timeout = None if until is None else max(0.0, until - self.now())
         try:
             first = self._done.get(timeout=timeout)
         except queue.Empty:
             return []
-        return [first]
+        return [] if isinstance(first, _Woken) else [first]
 
     # ------------------------------------------------------------------ one job
     def _run(self, job: Job, started: float) -> None:
@@ -99,17 +137,35 @@ class EngineDevices:
         except Exception as exc:  # the loop must see the job end; the error is kept
             msg = f"job {job.job_id} on group {job.group}: {type(exc).__name__}: {exc}"
             log.error(msg)
-            with self._lock:
-                self.errors.append(msg)
-                self.failed.update(r.id for r in job.batch)
-            for r in job.batch:  # a failed request holds no pages (later jobs fail fast)
-                try:
-                    self.node.release(r.id)
-                except Exception as cleanup:  # a lost device: nothing to free there
-                    log.debug("release of %s after a failed job: %s", r.id, cleanup)
+            self._fail([r.id for r in job.batch if r.id not in self.failed], exc, msg)
         self._done.put(Completion(job, started, self.now(), t))
 
+    def _fail(self, rids: list[str], exc: BaseException, msg: str) -> None:
+        """Record ``rids`` failed with ``exc`` (pages released where their devices live)."""
+        with self._lock:
+            self.errors.append(msg)
+            self.failed.update(rids)
+        for rid in rids:  # a failed request holds no pages (later jobs fail fast)
+            try:
+                self.node.release(rid)
+            except Exception as cleanup:  # a lost device: nothing to free there
+                log.debug("release of %s after a failed job: %s", rid, cleanup)
+            if self.on_failed is not None:
+                self.on_failed(rid, exc)
+
     def _execute(self, job: Job, t: Timings) -> None:
+        gone = {r.id: self.node.failed[r.id] for r in (*job.batch, *job.encodes)
+                if r.id in self.node.failed}
+        if gone:  # lost with a device while paused: leave them out, the rest run
+            from ditmem.parallel.node import DeviceLost
+
+            for rid, reason in gone.items():
+                self._fail([rid], DeviceLost(f"{rid} failed: {reason}"),
+                           f"job {job.job_id}: {rid} left out ({reason})")
+            job = Job(job.job_id, job.group, [r for r in job.batch if r.id not in gone],
+                      job.steps, [m for m in job.moves if m.request.id not in gone],
+                      [r for r in job.encodes if r.id not in gone],
+                      [r for r in job.decodes if r.id not in gone])
         stages = _GroupJob(self, job, t)
         run_job(job, stages)
 
@@ -126,25 +182,26 @@ class _GroupJob(JobStages):
         self.group = tuple(job.group.devices)
         self.timings = timings
 
-    def _moved(self, mark: float) -> None:
+    def _moved(self, kind: str, rid: str, mark: float, timing) -> None:
         seconds = self.clock() - mark
         self.timings.transfer_s += seconds
         with self.devices._lock:
             self.devices.link_busy_s += seconds
+            self.devices.moves.append(MoveRecord(kind, rid, timing))
 
     def start_offload(self, rid: str) -> None:
         mark = self.clock()
-        self.node.park(rid)
-        self._moved(mark)
+        self._moved("offload", rid, mark, self.node.park(rid))
 
     def start_restore(self, rid: str) -> None:
         mv, mark = self.restores[rid], self.clock()
         if mv.src is None:
-            if not self.node.resume(rid, tuple(mv.dst.devices)):
+            timing = self.node.restore(rid, tuple(mv.dst.devices))
+            if timing is None:
                 raise MemoryError(f"resume of {rid} onto {mv.dst}: no room")
+            self._moved("restore", rid, mark, timing)
         else:
-            self.node.move(rid, tuple(mv.dst.devices))
-        self._moved(mark)
+            self._moved("peer", rid, mark, self.node.move(rid, tuple(mv.dst.devices)))
 
     def encode(self, rids: list[str]) -> None:
         node, devices, mark = self.node, self.group, self.clock()
@@ -156,13 +213,19 @@ class _GroupJob(JobStages):
 
         _spread([self.requests[rid] for rid in rids], devices, encode)
         self.timings.encode_s = self.clock() - mark
+        self._event("encoded", rids)
 
     def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
         mark = self.clock()
         for _ in range(steps if rids else 0):
             self.node.step([(self.group, list(rids))])
+            self._event("stepped", rids)
         self.timings.step_s = self.clock() - mark
         return [r.id for r in self.job.decodes]
+
+    def _event(self, kind: str, rids: list[str]) -> None:
+        if self.devices.on_event is not None and rids:
+            self.devices.on_event(kind, list(rids), self.job)
 
     def decode(self, rids: list[str]) -> None:
         owner, node, mark = self.devices, self.node, self.clock()
@@ -174,6 +237,8 @@ class _GroupJob(JobStages):
             if owner.keep_outputs:
                 with owner._lock:
                     owner.outputs[request.id] = image
+            if owner.on_output is not None:
+                owner.on_output(request.id, image)
 
         _spread(list(self.job.decodes), self.group, decode)
         self.timings.decode_s = self.clock() - mark

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -57,6 +59,24 @@ class GroupResult:
     seconds: float
     device_pages: dict[int, int]
     cpu_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class MoveTiming:
+    """One move's times: ``wall_s`` from the engine's send to the last reply (the command
+    round trip and any wait behind another command on a worker included), ``device_s``
+    each device's own seconds on its worker. In a collective move the device that arrives
+    last waits for nobody: ``min(device_s)`` is the copy itself, ``max - min`` the wait of
+    the others for that device (e.g. a source still running another job's step, its
+    command queued behind it), ``wall_s - max`` the control path."""
+
+    wall_s: float
+    device_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def own_s(self) -> float:
+        """The move's own seconds (its copy, without waiting for a busy device)."""
+        return min(self.device_s.values(), default=self.wall_s)
 
 
 def cover_group(devices: set[int], num_devices: int) -> tuple[int, ...]:
@@ -125,7 +145,8 @@ class NodeEngine:
     model: a name or folder for ``ditmem.models.load``; pool_pages / host_pages: pages per
     device pool / per device's host pool, of ``page_bytes``; device_type "cpu" (workers
     pinned to cores), "cuda" or "npu"; start_timeout_s bounds the start (model loading);
-    command_timeout_s bounds every call. Calls are thread-safe: commands to several
+    command_timeout_s bounds every call; on_lost(device, reason, failed request ids) is
+    called (from a reader thread) when a worker is gone. Calls are thread-safe: commands to several
     devices are sent under one lock, so every worker sees collective commands in the same
     order; calls on disjoint devices run concurrently.
     """
@@ -133,15 +154,20 @@ class NodeEngine:
     def __init__(self, model: str = "tiny-qwen-image", num_devices: int = 2, *,
                  device_type: str = "cpu", pool_pages: int = 1024, page_bytes: int = 1 << 16,
                  host_pages: int = 1024, model_kwargs: dict | None = None,
-                 start_timeout_s: float = 300.0, command_timeout_s: float = 600.0) -> None:
+                 start_timeout_s: float = 300.0, command_timeout_s: float = 600.0,
+                 on_lost: Callable[[int, str, list[str]], None] | None = None) -> None:
         if num_devices < 1:
             raise ValueError(f"num_devices: expected >= 1, got {num_devices}")
         self.num_devices = num_devices
+        self.page_bytes, self.pool_pages = page_bytes, pool_pages
         self.command_timeout_s = command_timeout_s
         self.holders: dict[str, tuple[int, ...]] = {}
         self.parked: dict[str, list] = {}
         self.failed: dict[str, str] = {}
         self.dead: dict[int, str] = {}
+        #: device pages in use per device, from the latest reply of each (no round trip)
+        self.device_pages: dict[int, int] = dict.fromkeys(range(num_devices), 0)
+        self.on_lost = on_lost
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
         self._closing = False
@@ -191,14 +217,19 @@ class NodeEngine:
                 return self.dead[device]
             self.dead[device] = reason
             log.warning("device %d lost: %s", device, reason)
+            failed = []
             for rid, devices in list(self.holders.items()):
                 if device in devices:
                     self.failed[rid] = reason
                     del self.holders[rid]
+                    failed.append(rid)
             for rid, parts in list(self.parked.items()):
                 if any(p.device == device for p in parts):
                     self.failed[rid] = reason
                     del self.parked[rid]
+                    failed.append(rid)
+        if self.on_lost is not None:
+            self.on_lost(device, reason, failed)
         return reason
 
     def reap(self) -> dict[int, str]:
@@ -239,6 +270,8 @@ class NodeEngine:
         if gone:
             raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
         replies = self._wait(self.submit(commands), self.command_timeout_s)
+        for d, r in replies.items():
+            self.device_pages[d] = r.device_pages
         errors = {d: r.error for d, r in replies.items() if not r.ok}
         if errors:
             raise CommandFailed("; ".join(f"device {d}: {e}" for d, e in sorted(errors.items())))
@@ -299,45 +332,58 @@ class NodeEngine:
                             max(replies[d].cpu_seconds for d in devices))
                 for devices, _ in plan]
 
-    def move(self, request_id: str, devices: tuple[int, ...]) -> None:
+    def _timed(self, commands: dict[int, object]) -> tuple[dict[int, cmd.Reply], MoveTiming]:
+        mark = time.perf_counter()
+        replies = self._call(commands)
+        return replies, MoveTiming(time.perf_counter() - mark,
+                                   {d: r.seconds for d, r in replies.items()})
+
+    def move(self, request_id: str, devices: tuple[int, ...]) -> MoveTiming:
         """Re-shard a held request onto ``devices`` (another degree and/or other devices)
-        over the device link, between steps."""
+        over the device link, between steps; its timing (zero when already there)."""
         new = self._check_devices(devices)
         old = self._holders(request_id)
         if new == old:
-            return
+            return MoveTiming(0.0)
         cover = cover_group(set(old) | set(new), self.num_devices)
-        self._call({d: cmd.Reshard(request_id, cover, old, new) for d in cover})
+        _, timing = self._timed({d: cmd.Reshard(request_id, cover, old, new) for d in cover})
         with self._lock:
             self.holders[request_id] = new
+        return timing
 
-    def park(self, request_id: str) -> None:
+    def park(self, request_id: str) -> MoveTiming:
         """Offload every part of a held request into its devices' host pages (their device
-        pages are freed)."""
+        pages are freed); its timing."""
         old = self._holders(request_id)
-        replies = self._call({d: cmd.Offload(request_id) for d in old})
+        replies, timing = self._timed({d: cmd.Offload(request_id) for d in old})
         with self._lock:
             del self.holders[request_id]
             self.parked[request_id] = [replies[d].value for d in old]
+        return timing
 
     def resume(self, request_id: str, devices: tuple[int, ...]) -> bool:
         """Restore a parked request onto ``devices`` (any aligned group, any degree) from
         the host pages; False (still parked) when a pool has no room."""
+        return self.restore(request_id, devices) is not None
+
+    def restore(self, request_id: str, devices: tuple[int, ...]) -> MoveTiming | None:
+        """:meth:`resume` with the restore's timing (the host copies' release after it not
+        counted); None (still parked) when a pool has no room."""
         new = self._check_devices(devices)
         if request_id in self.failed:
             raise DeviceLost(f"{request_id} failed: {self.failed[request_id]}")
         if request_id not in self.parked:
             raise KeyError(f"resume: {request_id!r} is not parked")
         parts = self.parked[request_id]
-        replies = self._call({d: cmd.Adopt(request_id, parts, new) for d in new})
+        replies, timing = self._timed({d: cmd.Adopt(request_id, parts, new) for d in new})
         if not all(r.value for r in replies.values()):
             self._call({d: cmd.Release(request_id) for d in new if replies[d].value})
-            return False
+            return None
         self._call({p.device: cmd.DropHost(request_id) for p in parts})
         with self._lock:
             del self.parked[request_id]
             self.holders[request_id] = new
-        return True
+        return timing
 
     def decode(self, request_id: str, tile: tuple[int, int] | None = None) -> np.ndarray:
         """VAE-decode a finished request (moved to its first device first when sharded);

@@ -147,11 +147,21 @@ def create_app(engine, config: ServerConfig, *, drain_on_shutdown: bool = True) 
         s = engine.stats()
         body = {"status": "ok", "model": config.model_name,
                 "queued": s.queued, "running": s.running, "paused": s.paused}
+        devices = getattr(s, "devices", None)  # a node (ditmem serve --devices N)
+        if devices is not None:
+            body["devices"] = [{"device": d.device, "pages_used": d.pages_used,
+                                "pages_total": d.pages_total,
+                                "status": "ok" if d.lost is None else "lost",
+                                **({"reason": d.lost} if d.lost is not None else {})}
+                               for d in devices]
+            if any(d.lost is not None for d in devices):
+                body["status"] = "degraded"  # still serving on the other devices
         if s.dead is not None:
             body.update(status="dead", reason=s.dead)
         elif s.draining:
             body["status"] = "draining"
-        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+        ok = body["status"] in ("ok", "degraded")
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics():

@@ -49,6 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "~/.cache/ditmem/profiles and reused after; 'measure': measure again; "
                         "or a profile JSON (ditmem profile) or name to reuse")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--devices", type=int, default=1,
+                   help="serve on a node of N devices (N >= 2: one worker process per "
+                        "device, on cpu pinned to a core, N <= cores): policy slo "
+                        "(elastic sequence-parallel degree, migration) or fifo (static "
+                        "single-device replicas); --profile needs the parallel and links "
+                        "sections (ditmem profile --devices N), else they are measured at "
+                        "start")
     p.add_argument("--max-active", type=int, default=64, help="running + paused requests")
     p.add_argument("--max-queued", type=int, default=256, help="waiting requests before 429")
     p.add_argument("--slo-scale", type=float, default=3.0,
@@ -111,6 +118,11 @@ def main(args) -> int:
         raise SystemExit(f"ditmem serve: {exc}") from None
     hosts = [h.strip() for h in args.allowed_hosts.split(",")] if args.allowed_hosts else None
     check_ray_arguments(args)
+    if args.devices < 1:
+        raise SystemExit(f"ditmem serve: --devices must be >= 1, got {args.devices}")
+    if args.devices > 1 and args.ray:
+        raise SystemExit("ditmem serve: --devices N serves one node in this process; with "
+                         "--ray each replica is one device (give one or the other)")
     config = ServerConfig(model_name=args.model, api_key=api_key,
                           default_size=args.default_size, default_steps=args.default_steps,
                           default_frames=args.default_frames, default_fps=args.default_fps,
@@ -121,7 +133,16 @@ def main(args) -> int:
 
         return serve_on_ray(args, engine_config(args), config)
     set_torch_threads(args.threads)
-    engine = build_engine(engine_config(args)).start()
+    if args.devices > 1:
+        from ditmem.parallel.serving import build_node_service
+        from ditmem.parallel.speedup import CalibrationError
+
+        try:
+            engine = build_node_service(engine_config(args), args.devices)
+        except (ValueError, CalibrationError) as exc:
+            raise SystemExit(f"ditmem serve --devices: {exc}") from None
+    else:
+        engine = build_engine(engine_config(args)).start()
     app = create_app(engine, config)
     status = serve(app, args.host, args.port, args.log_level, engine=engine,
                    drain_timeout_s=args.drain_timeout)

@@ -38,6 +38,18 @@ class EngineCollector:
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
+        devices = getattr(s, "devices", None)  # a node (ditmem serve --devices N)
+        if devices is not None:
+            used = GaugeMetricFamily("ditmem_device_pages_used",
+                                     "device pool pages in use, per device", labels=["device"])
+            alive = GaugeMetricFamily("ditmem_device_alive",
+                                      "1 while the device's worker serves, 0 once it is lost",
+                                      labels=["device"])
+            for d in devices:
+                used.add_metric([str(d.device)], d.pages_used)
+                alive.add_metric([str(d.device)], int(d.lost is None))
+            yield used
+            yield alive
         counters = {
             "ditmem_bytes_offloaded": ("bytes moved device->host", s.bytes_offloaded),
             "ditmem_bytes_restored": ("bytes moved host->device", s.bytes_restored),

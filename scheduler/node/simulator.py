@@ -256,6 +256,7 @@ def run_node(
     while True:
         for r in intake.take(now):
             st.waiting.push(r)
+            now = max(now, r.arrival)  # live: it came while the loop was busy
             changed = True
         cancelling.update(intake.cancelled())
         for rid in [rid for rid in cancelling if drop(rid)]:
