@@ -11,6 +11,13 @@ decode are single-device stages. A started request's state is token-sharded over
 * between groups: a peer copy of what each new device lacks (re-sharding), the largest
   receiver's bytes over the peer link — or through the host (offload + restore) when that
   is cheaper.
+Every move command also costs the links' fixed ``move_latency_s`` (a move through the host
+is two: offload and restore), and each kind of move ("restore", "peer", "host", "offload")
+learns a measured/predicted factor online (``observe_move``, EWMA) as steps do.
+
+A move reads from and writes to devices (``move_mask``): it cannot start before every one
+of them is free, i.e. before the job running there (another request's step) ends —
+``move_wait`` prices that from the devices' busy-until times.
 Step times learn online: one measured/predicted factor per model (EWMA), normalised to
 degree 1. The CostModel's own step times are read once per batch shape (the node never
 feeds it; its corrections stay as they were).
@@ -25,6 +32,32 @@ from ..cost import CostModel
 from ..request import Request
 from .speedup import ParallelProfile
 from .topology import Group
+
+#: The kinds of move a NodeCost prices (and learns a factor for): from the host onto a
+#: group, a peer copy between groups, between groups through the host (offload + restore),
+#: a park on the host.
+MOVE_KINDS = ("restore", "peer", "host", "offload")
+#: Move commands per kind (each pays ``Links.move_latency_s``).
+_COMMANDS = {"restore": 1, "peer": 1, "host": 2, "offload": 1}
+
+
+def move_mask(src: Group | None, dst: Group | None) -> int:
+    """Devices (bit mask) a move of paused state reads from or writes to: ``src``'s devices
+    (None: the host) and ``dst``'s (None: a park on the host)."""
+    return (0 if src is None else src.mask) | (0 if dst is None else dst.mask)
+
+
+def busy_until(mask: int, busy: Sequence[float], now: float) -> float:
+    """When every device of ``mask`` is free: the latest of ``busy[d]`` (the predicted end
+    of what device d runs) over the mask's devices, at least ``now``."""
+    end = now
+    while mask:
+        low = mask & -mask
+        d = low.bit_length() - 1
+        if d < len(busy) and busy[d] > end:
+            end = busy[d]
+        mask ^= low
+    return end
 
 
 def reshard_fraction(src: Group, dst: Group) -> float:
@@ -57,6 +90,7 @@ class NodeCost:
         self.name = cost.name
         self._alpha = correction_alpha
         self._correction: dict[str, float] = {}
+        self._move_correction: dict[str, float] = {}
         self._alone: dict[tuple[str, int, int], float] = {}
         self._batch: dict[tuple, float] = {}
 
@@ -104,29 +138,52 @@ class NodeCost:
         """Pages each device of a group of ``degree`` holds for the request's state."""
         return max(1, math.ceil(self.cost.state_bytes(request) / degree / page_bytes))
 
+    def move_correction(self, kind: str) -> float:
+        """The learned measured/predicted factor of moves of ``kind`` (1 until observed)."""
+        return self._move_correction.get(kind, 1.0)
+
+    def _priced(self, kind: str, link_s: float) -> float:
+        latency = _COMMANDS[kind] * self.links.move_latency_s
+        return (link_s + latency) * self._move_correction.get(kind, 1.0)
+
     def restore_time(self, request: Request, dst: Group) -> float:
         """Seconds to bring the state from the host into ``dst`` (shards in parallel)."""
-        return self.cost.state_bytes(request) / dst.degree / self.links.host_bytes_per_s
+        return self._priced("restore", self._host_s(request, dst))
 
     def offload_time(self, request: Request, src: Group) -> float:
         """Seconds to park the state of a request resident on ``src`` in the host pool."""
-        return self.cost.state_bytes(request) / src.degree / self.links.host_bytes_per_s
+        return self._priced("offload", self._host_s(request, src))
 
     def peer_time(self, request: Request, src: Group, dst: Group) -> float:
         """Seconds of a peer copy re-sharding the state from ``src`` to ``dst``."""
+        return self._priced("peer", self._peer_s(request, src, dst))
+
+    def _host_s(self, request: Request, group: Group) -> float:
+        return self.cost.state_bytes(request) / group.degree / self.links.host_bytes_per_s
+
+    def _peer_s(self, request: Request, src: Group, dst: Group) -> float:
         nbytes = self.cost.state_bytes(request) * reshard_fraction(src, dst)
         return nbytes / self.links.device_bytes_per_s
 
     def move_time(self, request: Request, src: Group | None, dst: Group) -> tuple[float, str]:
         """(seconds, "none" | "restore" | "peer" | "host") to make the state resident on
-        ``dst``; ``src`` None means it is on the host."""
+        ``dst``; ``src`` None means it is on the host. Not counting the wait for the
+        devices to be free (``move_wait``)."""
         if src is None:
             return self.restore_time(request, dst), "restore"
         if src == dst:
             return 0.0, "none"
         peer = self.peer_time(request, src, dst)
-        via_host = self.offload_time(request, src) + self.restore_time(request, dst)
+        via_host = self._priced("host", self._host_s(request, src) + self._host_s(request, dst))
         return (peer, "peer") if peer <= via_host else (via_host, "host")
+
+    @staticmethod
+    def move_wait(
+        src: Group | None, dst: Group | None, busy: Sequence[float], now: float
+    ) -> float:
+        """Seconds from ``now`` until every device the move reads from or writes to is free
+        (``busy[d]``: when device d's current job ends, as predicted)."""
+        return busy_until(move_mask(src, dst), busy, now) - now
 
     # ---- feedback --------------------------------------------------------------------
     def observe_step(
@@ -138,3 +195,20 @@ class NodeCost:
         predicted = self.step_time(model, tokens, degree) / self.correction(model) * steps
         old = self.correction(model)
         self._correction[model] = (1 - self._alpha) * old + self._alpha * measured_s / predicted
+
+    def observe_move(self, kind: str, predicted_s: float, measured_s: float) -> None:
+        """Fold one measured move into the factor of its ``kind`` (one of ``MOVE_KINDS``).
+
+        ``predicted_s``: what this NodeCost predicted for the move (``move_time`` /
+        ``restore_time`` / ``offload_time``, its factor at the time included); ``measured_s``:
+        the move's own seconds — from the moment its devices were free to its end, not the
+        wait for another job's step on them (that is priced apart, ``move_wait``). A move of
+        no predicted or measured time teaches nothing.
+        """
+        if kind not in _COMMANDS:
+            raise ValueError(f"kind: one of {', '.join(MOVE_KINDS)}, got {kind!r}")
+        if not (predicted_s > 0 and measured_s > 0) or not math.isfinite(measured_s / predicted_s):
+            return
+        old = self.move_correction(kind)
+        unit = predicted_s / old  # the prediction without the factor
+        self._move_correction[kind] = (1 - self._alpha) * old + self._alpha * measured_s / unit

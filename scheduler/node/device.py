@@ -2,7 +2,9 @@
 
 The loop (``ditmem.scheduler.node.simulator.run_node``) decides; devices execute. A ``Job``
 is one group's work until its next decision point: moves of paused state (offloads from
-the group's devices to the host, restores from the host, peer copies between groups),
+the group's devices to the host, restores from the host, peer copies between groups; a move
+starts only when every device it reads from or writes to is free — a source device may
+still be running another job's step),
 encodes of admitted members (single-device, spread over the group's devices), ``steps``
 denoising steps of one packed batch at the group's degree, and decodes of the members whose
 last step it runs (single-device, spread likewise). ``NodeDevices`` is what an engine with
@@ -26,18 +28,22 @@ from typing import Protocol
 from ..loop import Stages, run_stages
 from ..noise import TimingNoise
 from ..request import Request
-from .cost import NodeCost
+from .cost import NodeCost, busy_until, move_mask
 from .topology import Group
 
 
 @dataclass(slots=True)
 class Move:
     """Make ``request``'s state resident on ``dst`` (None: park it on the host) from ``src``
-    (None: it is on the host)."""
+    (None: it is on the host). ``kind`` ("offload", "restore", "peer", "host") and
+    ``predicted_s`` (the policy's model, without the wait for busy devices) are set by the
+    loop; devices report the measured seconds in ``Timings.move_s``."""
 
     request: Request
     src: Group | None
     dst: Group | None
+    kind: str = ""
+    predicted_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -55,16 +61,22 @@ class Job:
 
 @dataclass(slots=True)
 class Timings:
-    """Seconds a job spent per stage (transfers, encodes, steps, decodes)."""
+    """Seconds a job spent per stage (transfers, encodes, steps, decodes), and waiting for
+    devices held by other jobs (``wait_s``: its moves' sources, or its own group's devices
+    still sending another job's move). ``move_s``: each move's own seconds, in the job's
+    order (what ``NodeCost.observe_move`` learns from; empty when a device does not time
+    its moves one by one)."""
 
     transfer_s: float = 0.0
     encode_s: float = 0.0
     step_s: float = 0.0
     decode_s: float = 0.0
+    wait_s: float = 0.0
+    move_s: list[float] = field(default_factory=list)
 
     @property
     def total(self) -> float:
-        return self.transfer_s + self.encode_s + self.step_s + self.decode_s
+        return self.wait_s + self.transfer_s + self.encode_s + self.step_s + self.decode_s
 
 
 @dataclass(slots=True)
@@ -129,21 +141,36 @@ class JobStages:
 
 
 class _VirtualJob(JobStages):
-    """One job on ``VirtualDevices``: every duration drawn around the truth."""
+    """One job on ``VirtualDevices``: every duration drawn around the truth; a move waits
+    for its devices (``VirtualDevices.busy``) and holds the ones outside the job's group
+    while it runs."""
 
-    def __init__(self, devices: VirtualDevices, job: Job):
+    def __init__(self, devices: VirtualDevices, job: Job, start: float):
         super().__init__(job)
         self.truth = devices.truth
         self.draw = devices.noise.draw
+        self.busy = devices.busy
+        self.clock = start  # when the job's transfers have got to
+
+    def _move(self, mv: Move, secs: float) -> None:
+        begin = busy_until(move_mask(mv.src, mv.dst), self.busy, self.clock)
+        secs = self.draw(secs)
+        self.timings.wait_s += begin - self.clock
+        self.timings.transfer_s += secs
+        self.timings.move_s.append(secs)
+        self.clock = begin + secs
+        outside = move_mask(mv.src, mv.dst) & ~self.job.group.mask
+        for d in range(len(self.busy)):
+            if outside >> d & 1:
+                self.busy[d] = max(self.busy[d], self.clock)
 
     def start_offload(self, rid: str) -> None:
         mv = self.offloads[rid]
-        self.timings.transfer_s += self.draw(self.truth.offload_time(mv.request, mv.src))
+        self._move(mv, self.truth.offload_time(mv.request, mv.src))
 
     def start_restore(self, rid: str) -> None:
         mv = self.restores[rid]
-        secs, _ = self.truth.move_time(mv.request, mv.src, mv.dst)
-        self.timings.transfer_s += self.draw(secs)
+        self._move(mv, self.truth.move_time(mv.request, mv.src, mv.dst)[0])
 
     def encode(self, rids: list[str]) -> None:
         cost, draw = self.truth.cost, self.draw
@@ -166,22 +193,40 @@ class _VirtualJob(JobStages):
 
 
 class VirtualDevices:
-    """Devices whose true times are drawn around ``truth`` (a NodeCost) with ``noise``."""
+    """Devices whose true times are drawn around ``truth`` (a NodeCost) with ``noise``.
 
-    def __init__(self, truth: NodeCost, noise: TimingNoise | None = None):
+    Each device is one worker doing one thing at a time: ``busy[d]`` is when device d's
+    last job, or the last move reading from or writing to it, ends. A job starts when its
+    group's devices are (the loop frees a group when its job ends, but a move of another
+    job may still be reading from it), and each of its moves when the move's devices are.
+    """
+
+    def __init__(self, truth: NodeCost, noise: TimingNoise | None = None, devices: int = 0):
         self.truth = truth
         self.noise = noise if noise is not None else TimingNoise(sigma=0.0)
         self._heap: list[tuple[float, int, Completion]] = []
         self.link_busy_s = 0.0
+        self.busy: list[float] = [0.0] * devices
 
-    def timings(self, job: Job) -> Timings:
-        stages = _VirtualJob(self, job)
+    def timings(self, job: Job, now: float = 0.0) -> Timings:
+        """Run ``job`` launched at ``now``: its stages' true seconds (waits included)."""
+        top = max(job.group.devices[-1], *(
+            g.devices[-1] for mv in job.moves for g in (mv.src, mv.dst) if g is not None
+        ), 0) + 1
+        if len(self.busy) < top:
+            self.busy.extend([0.0] * (top - len(self.busy)))
+        start = busy_until(job.group.mask, self.busy, now)
+        stages = _VirtualJob(self, job, start)
+        stages.timings.wait_s = start - now
         run_job(job, stages)
         self.link_busy_s += stages.timings.transfer_s
+        end = now + stages.timings.total
+        for d in job.group.devices:
+            self.busy[d] = max(self.busy[d], end)
         return stages.timings
 
     def launch(self, job: Job, now: float) -> None:
-        t = self.timings(job)
+        t = self.timings(job, now)
         done = Completion(job, now, now + t.total, t)
         heapq.heappush(self._heap, (done.finished, job.job_id, done))
 

@@ -3,12 +3,14 @@
 A policy is asked whenever devices are idle and something changed (an arrival, a job's
 end). It sees the started requests that are not running (``paused``: resident on a group or
 parked on the host), the running ones (with the group and the predicted end of their job),
-the waiting queue, the free-device mask and the pages free on each device. It answers with
-``Assignment``s — a batch for a free group, for ``steps`` steps — and the loop derives the
-moves: a waiting member is admitted (pages on the group, encode), a member resident
-elsewhere is migrated (peer copy / re-sharding, or restore from the host), and the paused
-requests named in ``offload`` (resident on the group's devices) are parked on the host
-first to make room.
+the waiting queue, the free-device mask and the pages free on each device. It also sees when
+each device's current work ends (``busy_until``, as predicted): a paused request resident
+on devices still running another job cannot be moved before that job's step ends. It
+answers with ``Assignment``s — a batch for a free group, for ``steps`` steps — and the
+loop derives the moves: a waiting member is admitted (pages on the group, encode), a
+member resident elsewhere is migrated (peer copy / re-sharding, or restore from the
+host), and the paused requests named in ``offload`` (resident on the group's devices) are
+parked on the host first to make room.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class NodeView:
     host_free_pages: int
     page_bytes: int
     max_started: int | None
+    #: Per device, when what it runs now ends as predicted (its job, or a move reading from
+    #: it); ``now`` or earlier when idle. A move of paused state starts only when all its
+    #: devices are free (``NodeCost.move_wait``). Missing entries: free.
+    busy_until: list[float] = field(default_factory=list)
 
     @property
     def started(self) -> int:

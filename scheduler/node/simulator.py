@@ -18,7 +18,7 @@ from ..noise import TimingNoise
 from ..queue import WaitingQueue
 from ..request import Request
 from ..simulator import PlanError, Record
-from .cost import NodeCost
+from .cost import NodeCost, busy_until, move_mask
 from .device import Completion, Job, Move, NodeDevices, VirtualDevices
 from .intake import NodeIntake, TraceIntake
 from .plan import Assignment, NodeStatus, NodeView
@@ -43,6 +43,9 @@ class NodeReport:
     step_s: float
     decode_s: float
     finished: list[str] = field(default_factory=list)
+    wait_s: float = 0.0
+    #: (kind, predicted s, measured s) per move the devices timed (``NodeCost.observe_move``).
+    moves: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -70,6 +73,13 @@ class _State:
         self.started: dict[str, NodeStatus] = {}
         self.running: dict[int, list[NodeStatus]] = {}
         self.max_started = cap
+        # Predicted end of each device's job, and of moves of other jobs reading from it.
+        self.job_ends = [0.0] * node.devices
+        self.sends = [0.0] * node.devices
+
+    @property
+    def busy(self) -> list[float]:
+        return [max(a, b) for a, b in zip(self.job_ends, self.sends, strict=True)]
 
     def view(self, now: float) -> NodeView:
         paused, running = [], []
@@ -77,7 +87,7 @@ class _State:
             (running if s.running else paused).append(s)
         return NodeView(
             now, self.node, self.free, paused, running, self.waiting, list(self.free_pages),
-            self.host_free, self.page_bytes, self.max_started,
+            self.host_free, self.page_bytes, self.max_started, self.busy,
         )
 
     def place(self, s: NodeStatus, group: Group | None) -> None:
@@ -189,11 +199,15 @@ def run_node(
         decodes = [s.request for s in members if s.steps_left == a.steps]
         job = Job(jobs, g, [s.request for s in members], a.steps if members else 0,
                   moves, encodes, decodes)
-        predicted = _predict(policy.ncost, job)
+        end, sends = _predict(policy.ncost, job, st.busy, now)
+        for d, until in sends.items():
+            st.sends[d] = max(st.sends[d], until)
+        for d in g.devices:
+            st.job_ends[d] = end
         for s in members:
             if s.steps_done > 0 and now > s.last_end + 1e-9:
                 s.preemptions += 1
-            s.running, s.job_end = True, now + predicted
+            s.running, s.job_end = True, end
         devices.launch(job, now)
         st.running[job.job_id] = members
         st.free &= ~g.mask
@@ -224,10 +238,14 @@ def run_node(
                     records.append(record)
         model = job.batch[0].model if job.batch else ""
         t = c.timings
+        moves = [
+            (mv.kind, mv.predicted_s, secs)
+            for mv, secs in zip(job.moves, t.move_s, strict=False)
+        ]
         policy.observe(
             NodeReport(c.finished, job.group, [r.id for r in job.batch], model,
                        [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
-                       t.encode_s, t.step_s, t.decode_s, finished)
+                       t.encode_s, t.step_s, t.decode_s, finished, t.wait_s, moves)
         )
         finished_count += len(finished)
         if finished and progress is not None:
@@ -293,23 +311,35 @@ def run_node(
     return NodeResult(records, now, jobs, busy, decisions, getattr(devices, "link_busy_s", 0.0))
 
 
-def _predict(ncost: NodeCost, job: Job) -> float:
-    """The policy model's seconds for ``job`` (what the view shows as its end)."""
+def _predict(
+    ncost: NodeCost, job: Job, busy: list[float], now: float
+) -> tuple[float, dict[int, float]]:
+    """(when the policy's model says ``job``, launched at ``now``, ends; until when its moves
+    read from devices outside its group), and each move's ``kind`` and ``predicted_s`` set.
+    ``busy`` (per device, when its current work ends as predicted) gives the waits: the
+    job's group still sending another job's move, a move's source still running a job."""
     from .device import spread
 
-    secs = 0.0
+    clock = busy_until(job.group.mask, busy, now)
+    sends: dict[int, float] = {}
     for mv in job.moves:
-        secs += (
-            ncost.offload_time(mv.request, mv.src)
-            if mv.dst is None
-            else ncost.move_time(mv.request, mv.src, mv.dst)[0]
-        )
+        if mv.dst is None:
+            mv.kind, mv.predicted_s = "offload", ncost.offload_time(mv.request, mv.src)
+        else:
+            mv.predicted_s, mv.kind = ncost.move_time(mv.request, mv.src, mv.dst)
+        mask = move_mask(mv.src, mv.dst)
+        clock = max(clock, busy_until(mask, busy, clock)) + mv.predicted_s
+        outside = mask & ~job.group.mask
+        for d in range(len(busy)):
+            if outside >> d & 1:
+                sends[d] = clock
     cost = ncost.cost
-    secs += spread([cost.encode_time(r) for r in job.encodes], job.group.degree)
+    clock += spread([cost.encode_time(r) for r in job.encodes], job.group.degree)
     if job.batch:
         tokens = [cost.tokens(r) for r in job.batch]
-        secs += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)
-    return secs + spread([cost.decode_time(r) for r in job.decodes], job.group.degree)
+        clock += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)
+    clock += spread([cost.decode_time(r) for r in job.decodes], job.group.degree)
+    return clock, sends
 
 
 def simulate_node(
@@ -325,5 +355,5 @@ def simulate_node(
     fresh NodeCost on the policy's profile, never the policy's learning copy) with
     ``noise`` (default: none)."""
     truth = truth if truth is not None else NodeCost(policy.ncost.cost, policy.ncost.parallel)
-    devices = VirtualDevices(truth, noise)
+    devices = VirtualDevices(truth, noise, node.devices)
     return run_node(requests, policy, devices, node, truth, **kwargs)

@@ -9,12 +9,16 @@ Format (in the profile JSON, next to ``models``)::
         "source":  "where the numbers come from"
       }
     },
-    "links": {"device_bytes_per_s": ..., "host_bytes_per_s": ..., "source": "..."}
+    "links": {"device_bytes_per_s": ..., "host_bytes_per_s": ..., "source": "...",
+              "move_latency_s": ...}       # optional, default 0
 
 ``speedup[d][i]`` = step time at degree 1 / step time at sequence-parallel degree ``d`` for
 one step of ``tokens[i]`` tokens. Lookup interpolates linearly in ``log(tokens)`` and clamps
 at the ends; a degree the table lacks is an error naming it. ``device_bytes_per_s`` is one
-device's peer link (one direction), ``host_bytes_per_s`` one device's host link.
+device's peer link (one direction), ``host_bytes_per_s`` one device's host link,
+``move_latency_s`` the fixed seconds every move command costs besides its bytes (control
+round trips, the workers' bookkeeping; measured at start-up by the node engine's calibration,
+0 for the FLOP-derived profiles, which have no measurement).
 """
 
 from __future__ import annotations
@@ -60,11 +64,22 @@ class SpeedupTable:
 
 @dataclass(frozen=True, slots=True)
 class Links:
-    """Bytes per second of one device's peer link and of its host link (one direction)."""
+    """Bytes per second of one device's peer link and of its host link (one direction), and
+    the fixed seconds of one move command (offload, restore or re-shard)."""
 
     device_bytes_per_s: float
     host_bytes_per_s: float
     source: str
+    move_latency_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        """The profile's ``links`` section for these links (``parse_links`` reads it back)."""
+        return {
+            "device_bytes_per_s": self.device_bytes_per_s,
+            "host_bytes_per_s": self.host_bytes_per_s,
+            "move_latency_s": self.move_latency_s,
+            "source": self.source,
+        }
 
 
 def _source(section: dict, where: str) -> str:
@@ -128,7 +143,16 @@ def parse_links(profile: dict) -> Links:
         if not isinstance(value, (int, float)) or not value > 0:
             raise NodeProfileError(f"{where}.{key}: a number > 0 (bytes per second)")
         values.append(float(value))
-    return Links(values[0], values[1], source)
+    latency = section.get("move_latency_s", 0.0)
+    if (
+        isinstance(latency, bool)
+        or not isinstance(latency, (int, float))
+        or not 0 <= latency < math.inf
+    ):
+        raise NodeProfileError(
+            f"{where}.move_latency_s: a finite number >= 0 (seconds per move), got {latency!r}"
+        )
+    return Links(values[0], values[1], source, float(latency))
 
 
 class ParallelProfile:

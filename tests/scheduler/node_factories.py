@@ -15,14 +15,19 @@ from ditmem.scheduler.noise import TimingNoise
 SPEEDUP = {"1": [1.0, 1.0], "2": [1.0, 2.0], "4": [1.0, 3.2]}
 
 
-def node_profile(*, device_bytes=1e12, state_bytes=PAGE, peer=1e9, host=1e8, **kw) -> dict:
-    """512² steps in 1 s, 1024² in 4 s (batch 1); state ``state_bytes``; links in B/s."""
+def node_profile(
+    *, device_bytes=1e12, state_bytes=PAGE, peer=1e9, host=1e8, move_latency=None, **kw
+) -> dict:
+    """512² steps in 1 s, 1024² in 4 s (batch 1); state ``state_bytes``; links in B/s;
+    ``move_latency`` seconds per move command (absent from the profile when None)."""
     prof = table_profile(state_bytes=state_bytes, device_bytes=device_bytes, link=host, **kw)
     prof["page_bytes"] = {"value": PAGE, "source": "test"}
     prof["parallel"] = {
         "qwen-image": {"tokens": [1024, 4096], "speedup": SPEEDUP, "source": "test"}
     }
     prof["links"] = {"device_bytes_per_s": peer, "host_bytes_per_s": host, "source": "test"}
+    if move_latency is not None:
+        prof["links"]["move_latency_s"] = move_latency
     return prof
 
 

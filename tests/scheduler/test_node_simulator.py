@@ -79,12 +79,14 @@ def test_slo_gives_a_lone_large_request_the_spare_devices():
 def test_slo_changes_degree_between_steps_and_migrates():
     """B (1024², 8 steps) runs alone at degree 2 (2 s/step); s (512²) arrives at t=3 and,
     at B's step boundary t=4, B drops to degree 1 on device 1 (re-sharding: device 1 gets
-    the half it lacks) while s runs on device 0; when s is done, B goes back to degree 2 on
-    0-1 (device 0 gets half its state again)."""
+    the half it lacks from device 0) while s runs on device 0 — after that copy, which
+    reads from device 0; when s is done, B goes back to degree 2 on 0-1 (device 0 gets half
+    its state again)."""
     nc = node_cost()
     rs = _reqs(nc, ("B", 0, 1024, 8, None), ("s", 3.0, 512, 4, None))
     out = by_id(run(rs, "slo", 2, nc, forecast=False))
-    assert out["s"].finished == pytest.approx(8.0)
+    assert out["s"].started == pytest.approx(4.0)
+    assert out["s"].finished == pytest.approx(8.0 + MOVE_HALF, abs=1e-9)
     assert out["B"].degrees == {2: 7, 1: 1}
     assert out["B"].migrations == 2
     assert out["B"].finished == pytest.approx(4 + MOVE_HALF + 4 + MOVE_HALF + 5 * 2.0)

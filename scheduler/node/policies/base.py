@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cost import NodeCost
+from ..cost import MOVE_KINDS, NodeCost
 from ..plan import Assignment, NodePlan, NodeStatus, NodeView
 from ..topology import Group, Node
 
@@ -24,6 +24,9 @@ class NodePolicy:
         self.ncost.observe_step(
             report.model, report.tokens, report.group.degree, report.steps, report.step_s
         )
+        for kind, predicted, measured in report.moves:
+            if kind in MOVE_KINDS:
+                self.ncost.observe_move(kind, predicted, measured)
 
 
 class Placer:
@@ -32,6 +35,9 @@ class Placer:
     ``take(group, members, steps)`` returns the Assignment (parking paused requests resident
     on the group, latest deadline first, when its devices lack pages) or None when the group
     is not free, the pages cannot be found or an admit would pass the started cap.
+    ``busy``: the devices still running a job (or sending a move) now; a paused request
+    resident on one of them cannot be parked or moved elsewhere before that ends
+    (``stuck``).
     """
 
     def __init__(self, view: NodeView, ncost: NodeCost):
@@ -44,6 +50,17 @@ class Placer:
         self.started = view.started
         self.taken: set[str] = set()
         self.assignments: list[Assignment] = []
+        self._paused: dict[str, NodeStatus] | None = None
+        self.busy = 0
+        for d, until in enumerate(view.busy_until):
+            if until > view.now + 1e-9:
+                self.busy |= 1 << d
+
+    def stuck(self, item) -> int:
+        """The devices of ``item``'s resident state (a paused NodeStatus) still busy now: a
+        move to a group not holding them all would wait for them (0: none)."""
+        group = getattr(item, "group", None)
+        return 0 if group is None else group.mask & self.busy
 
     @property
     def available(self) -> int:
@@ -87,7 +104,7 @@ class Placer:
                 s
                 for s in self.view.paused
                 if s.group is not None and s.group.mask & group.mask and s.id not in keep
-                and s.id not in self.taken
+                and s.id not in self.taken and not s.group.mask & ~group.mask & self.busy
             ),
             key=lambda s: -(s.request.deadline or 0.0),
         )
@@ -106,21 +123,37 @@ class Placer:
         return None
 
     def plan(self) -> NodePlan:
-        return NodePlan(self.assignments)
+        """The assignments, those moving state off devices outside their group first: a
+        device this decision gives a new job sends its paused requests' state before that
+        job starts, not after its step."""
+        return NodePlan(sorted(self.assignments, key=lambda a: not self._reads_outside(a)))
+
+    def _reads_outside(self, a: Assignment) -> bool:
+        paused = self._paused
+        if paused is None:
+            paused = self._paused = {s.id: s for s in self.view.paused}
+        for rid in (*a.batch, *a.offload):
+            s = paused.get(rid)
+            if s is not None and s.group is not None and s.group.mask & ~a.group.mask:
+                return True
+        return False
 
 
 def best_group(
-    node: Node, placer: Placer, degree: int, home: Group | None, avoid: int = 0
+    node: Node, placer: Placer, degree: int, home: Group | None, avoid: int = 0,
+    stuck: int = 0,
 ) -> Group | None:
     """A free group of ``degree``: the request's ``home`` group if free, else the one whose
     enclosing larger groups are the most occupied (keeps large groups whole), lowest first;
-    never one overlapping the device mask ``avoid``."""
+    never one overlapping the device mask ``avoid``, and only one holding every device of
+    ``stuck`` (the request's state on devices still busy: ``Placer.stuck``; a move from
+    them would wait for their job)."""
     if home is not None and home.degree == degree and placer.is_free(home):
         if not home.mask & avoid:
             return home
     best, best_key = None, None
     for g in node.groups(degree):
-        if not placer.is_free(g) or g.mask & avoid:
+        if not placer.is_free(g) or g.mask & avoid or stuck & ~g.mask:
             continue
         key = []
         parent = node.parent(g)

@@ -52,6 +52,16 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    idle otherwise; the next arrival waits at most one step). Degrees change at every step;
    a paused request resumes on any group (peer copy, re-sharding), and memory is made by
    parking paused requests on the host (``Placer``).
+
+A move needs every device it reads from and writes to. A paused request whose state is on
+devices still running another job's step (``Placer.stuck``) goes to a group holding those
+devices when one is free; else it is moved only when the wait for that step (it idles the
+new group meanwhile; the loop predicts it) is at most ``move_wait`` of its own steps at the
+new degree — otherwise it waits for the next decision (refusing every such move starves a
+request whose old group is never free all at once: its maximum latency went from 66 s to
+605 s in a trial). Such requests are never parked to make room. Moves that read from
+devices this decision gives a new job go first in the plan (those jobs wait for the copy,
+not the copy for their step).
 """
 
 from __future__ import annotations
@@ -100,7 +110,9 @@ class NodeSloPolicy(NodePolicy):
     (fraction of the SLO window), ``longest`` and ``efficiency`` (step 4), ``reserve``
     (step 5), ``batching``, ``min_gain`` and ``margin`` (step 6: fraction of a member's
     remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
-    past the deadline before a late request goes first), ``guard``, ``guard_degree``,
+    past the deadline before a late request goes first), ``move_wait`` (the longest wait for
+    a paused request's busy devices a move may take, in its steps at the new degree),
+    ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0)."""
 
@@ -123,6 +135,7 @@ class NodeSloPolicy(NodePolicy):
         spare: bool = True,
         aging: float = 10.0,
         margin: float = 0.1,
+        move_wait: float = 1.0,
         guard: bool = False,
         guard_degree: int = 1,
         guard_quantile: float = 1.0,
@@ -143,6 +156,7 @@ class NodeSloPolicy(NodePolicy):
         self.spare = spare
         self.aging = aging
         self.margin = margin
+        self.move_wait = move_wait
         self._static: dict[str, tuple] = {}
         self.guard = guard
         self.guard_degree = guard_degree
@@ -338,10 +352,23 @@ class NodeSloPolicy(NodePolicy):
         for d in self.node.degrees:
             if d < need:
                 continue
-            g = best_group(self.node, placer, d, c.home)
+            g = self._group(placer, c, d)
             if g is not None:
                 return placer.take(g, [c.item], 1)
         return None
+
+    def _group(self, placer: Placer, c: _Cand, degree: int) -> Group | None:
+        """A free group of ``degree`` for ``c``: one needing no wait for its state's devices
+        first; else one whose move waits at most ``move_wait`` × its step at ``degree``."""
+        stuck = placer.stuck(c.item)
+        g = best_group(self.node, placer, degree, c.home, stuck=stuck)
+        if g is not None or not stuck:
+            return g
+        view = placer.view
+        wait = NodeCost.move_wait(c.home, None, view.busy_until, view.now)
+        if wait > self.move_wait * c.step(self.node.degrees.index(degree)):
+            return None
+        return best_group(self.node, placer, degree, c.home)
 
     def _place_target(self, placer: Placer, c: _Cand, degree: int, placed) -> bool:
         """Step 4's placement: at ``degree``, else the largest free degree >= 2 (and >= its
@@ -349,7 +376,7 @@ class NodeSloPolicy(NodePolicy):
         for d in reversed(self.node.degrees):
             if d > degree or d < max(2, c.need):
                 continue
-            g = best_group(self.node, placer, d, c.home)
+            g = self._group(placer, c, d)
             a = placer.take(g, [c.item], 1) if g is not None else None
             if a is not None:
                 placed.append((a, [c]))
@@ -489,6 +516,8 @@ class NodeSloPolicy(NodePolicy):
             if placer.started + 1 > placer.view.max_started:
                 return False
         if c.home != a.group:
+            if placer.stuck(c.item) & ~a.group.mask:
+                return False  # its state is on devices still running another job
             need = self.ncost.shard_pages(c.req, 1, placer.view.page_bytes)
             if placer.pages[a.group.first] < need:
                 return False
