@@ -165,6 +165,8 @@ class NodeEngine:
         self.parked: dict[str, list] = {}
         self.failed: dict[str, str] = {}
         self.dead: dict[int, str] = {}
+        #: failed requests' parts left on live devices (freed by :meth:`release`)
+        self.orphans: dict[str, tuple[int, ...]] = {}
         #: device pages in use per device, from the latest reply of each (no round trip)
         self.device_pages: dict[int, int] = dict.fromkeys(range(num_devices), 0)
         self.on_lost = on_lost
@@ -222,11 +224,13 @@ class NodeEngine:
                 if device in devices:
                     self.failed[rid] = reason
                     del self.holders[rid]
+                    self.orphans[rid] = tuple(d for d in devices if d != device)
                     failed.append(rid)
             for rid, parts in list(self.parked.items()):
                 if any(p.device == device for p in parts):
                     self.failed[rid] = reason
                     del self.parked[rid]
+                    self.orphans[rid] = tuple(p.device for p in parts if p.device != device)
                     failed.append(rid)
         if self.on_lost is not None:
             self.on_lost(device, reason, failed)
@@ -405,6 +409,7 @@ class NodeEngine:
         with self._lock:
             devices = set(self.holders.pop(request_id, ()))
             devices |= {p.device for p in self.parked.pop(request_id, [])}
+            devices |= set(self.orphans.pop(request_id, ()))
             live = sorted(devices - set(self.dead))
         if live:
             self._call({d: cmd.Release(request_id) for d in live})

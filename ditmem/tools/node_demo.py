@@ -5,10 +5,12 @@ per device, computed with the profile measured at start) is replayed in real tim
 one policy after the other, on the same node engine: ``fifo`` on D static single-device
 replicas, then ``slo`` with elastic sequence-parallel degree and migration. Both run the
 scheduler's own node loop (``run_node``) over :class:`~ditmem.parallel.devices.
-EngineDevices`: every step runs on the workers. Beside the measured numbers: what the node
-simulator predicts for the same trace (timing noise on), the trace's offline attainment
-bound, and a P95 floor (95th percentile of each request's time alone at the highest
-degree). The targets of the two-device main job are checked and printed.
+EngineDevices`, fed through the live intake ``ditmem serve --devices`` uses (a thread
+pushes each request at its arrival time): every step runs on the workers. Beside the
+measured numbers: what the node simulator predicts for the same trace (timing noise on),
+the trace's offline attainment bound, and a P95 floor (95th percentile of each
+request's time alone at the highest degree). The targets of the two-device main job are
+checked and printed.
 """
 
 from __future__ import annotations
@@ -185,9 +187,11 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.label = ""
+        self.total = 0
 
     def __call__(self, done: int, total: int) -> None:
         if self.enabled:
+            total = total or self.total  # a live intake does not know its total
             sys.stdout.write(f"\r{self.label}: {done}/{total} requests done   ")
             sys.stdout.flush()
 
@@ -200,6 +204,7 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
                decode_tile=None) -> dict:
     """Replay ``trace`` under ``name`` on the node's real devices."""
     from ditmem.parallel.devices import EngineDevices
+    from ditmem.parallel.intake import LiveIntake, feed_trace
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.policies import make_node_policy
@@ -212,10 +217,16 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     policy = make_node_policy(name, NodeCost(cost), topo)
     devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
     tracked = TrackedDevices(devices, truth)
-    progress.label = name
+    progress.label, progress.total = name, len(trace)
+    requests = [dataclasses.replace(r) for r in trace]
+    for r in requests:  # as a server does at submission
+        if r.deadline is None or r.standalone_s is None:
+            cost.assign_deadline(r, 3.0)
+    intake = LiveIntake(requests[0].model, devices.now, devices.notify)
     t0 = time.perf_counter()
-    result = run_node([dataclasses.replace(r) for r in trace], policy, tracked, topo, truth,
-                      progress=progress)
+    feeder = feed_trace(intake, requests)
+    result = run_node(intake, policy, tracked, topo, truth, progress=progress)
+    feeder.join()
     wall = time.perf_counter() - t0
     progress.end()
     for r in trace:  # nothing of this run stays on the node for the next policy
