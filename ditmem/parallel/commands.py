@@ -128,7 +128,10 @@ class Reply:
     main thread in it (the one running the model with one torch thread: busy time, without
     waits for a core or for peers, nor the collective backend's own threads);
     ``process_cpu_seconds`` the CPU time of every thread of the worker in it (the
-    collective backend's copies included); ``device_pages`` used after it."""
+    collective backend's copies included); ``device_pages`` used after it; ``started_at``
+    when the worker began the command (``time.perf_counter``: CLOCK_MONOTONIC, the same
+    clock in every process of the machine), so the engine can tell the time a command
+    waited behind the worker's previous one from the command's own."""
 
     device: int
     ok: bool
@@ -138,3 +141,4 @@ class Reply:
     device_pages: int = 0
     cpu_seconds: float = 0.0
     process_cpu_seconds: float = 0.0
+    started_at: float = 0.0

@@ -63,7 +63,8 @@ class _Woken:
 
 @dataclass(slots=True)
 class MoveRecord:
-    """A timed move: ``kind`` ("offload", "restore", "peer"), the request, and its
+    """A timed move command: ``kind`` ("offload", "restore", "peer"; "host-park" and
+    "host-restore" for a move between groups through the host), the request, and its
     ``MoveTiming``."""
 
     kind: str
@@ -182,26 +183,36 @@ class _GroupJob(JobStages):
         self.group = tuple(job.group.devices)
         self.timings = timings
 
-    def _moved(self, kind: str, rid: str, mark: float, timing) -> None:
-        seconds = self.clock() - mark
-        self.timings.transfer_s += seconds
+    def _moved(self, rid: str, timings: list[tuple[str, object]]) -> None:
+        """One planned move done as ``timings`` (``(kind, MoveTiming)`` per command): its
+        own seconds (``Timings.move_s``, what the policy's ``observe_move`` learns from)
+        and its wait for devices busy with another job (``Timings.wait_s``)."""
+        own = sum(t.own_s for _, t in timings)
+        self.timings.transfer_s += own
+        self.timings.wait_s += sum(t.wait_s for _, t in timings)
+        self.timings.move_s.append(own)
         with self.devices._lock:
-            self.devices.link_busy_s += seconds
-            self.devices.moves.append(MoveRecord(kind, rid, timing))
+            self.devices.link_busy_s += own
+            self.devices.moves.extend(MoveRecord(k, rid, t) for k, t in timings)
+
+    def _restore(self, rid: str, dst) -> object:
+        timing = self.node.restore(rid, tuple(dst.devices))
+        if timing is None:
+            raise MemoryError(f"resume of {rid} onto {dst}: no room")
+        return timing
 
     def start_offload(self, rid: str) -> None:
-        mark = self.clock()
-        self._moved("offload", rid, mark, self.node.park(rid))
+        self._moved(rid, [("offload", self.node.park(rid))])
 
     def start_restore(self, rid: str) -> None:
-        mv, mark = self.restores[rid], self.clock()
+        mv = self.restores[rid]
         if mv.src is None:
-            timing = self.node.restore(rid, tuple(mv.dst.devices))
-            if timing is None:
-                raise MemoryError(f"resume of {rid} onto {mv.dst}: no room")
-            self._moved("restore", rid, mark, timing)
+            self._moved(rid, [("restore", self._restore(rid, mv.dst))])
+        elif mv.kind == "host":  # the plan priced it through the host: park, restore
+            park = self.node.park(rid)
+            self._moved(rid, [("host-park", park), ("host-restore", self._restore(rid, mv.dst))])
         else:
-            self._moved("peer", rid, mark, self.node.move(rid, tuple(mv.dst.devices)))
+            self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
 
     def encode(self, rids: list[str]) -> None:
         node, devices, mark = self.node, self.group, self.clock()

@@ -63,20 +63,40 @@ class GroupResult:
 
 @dataclass(slots=True)
 class MoveTiming:
-    """One move's times: ``wall_s`` from the engine's send to the last reply (the command
-    round trip and any wait behind another command on a worker included), ``device_s``
-    each device's own seconds on its worker. In a collective move the device that arrives
-    last waits for nobody: ``min(device_s)`` is the copy itself, ``max - min`` the wait of
-    the others for that device (e.g. a source still running another job's step, its
-    command queued behind it), ``wall_s - max`` the control path."""
+    """One move's times, all ``time.perf_counter`` seconds (one clock for every process of
+    the machine): ``wall_s`` from the engine's send to the last reply; per device,
+    ``queued_s`` from the send to the worker beginning the command (the pipe, plus the
+    wait behind the worker's previous command: a source device still running another
+    job's step) and ``device_s`` the command on the worker (in a collective move, the
+    devices that began first wait inside it for the last one)."""
 
     wall_s: float
     device_s: dict[int, float] = field(default_factory=dict)
+    queued_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def wait_s(self) -> float:
+        """Until the last device began the move: the wait for busy devices."""
+        return max(self.queued_s.values(), default=0.0)
 
     @property
     def own_s(self) -> float:
-        """The move's own seconds (its copy, without waiting for a busy device)."""
-        return min(self.device_s.values(), default=self.wall_s)
+        """From the last device beginning the move to its end: the move without the wait
+        for busy devices (what ``NodeCost.observe_move`` learns from)."""
+        return max(0.0, self.wall_s - self.wait_s)
+
+    @property
+    def copy_s(self) -> float:
+        """The last device's command (it waited for nobody): the copy itself."""
+        last = max(self.queued_s, key=self.queued_s.get, default=None)
+        return self.device_s[last] if last is not None else self.wall_s
+
+    def parts(self) -> dict[str, float]:
+        """Where the wall time went: ``wait`` (for busy devices), ``copy`` (the last
+        device's command), ``control`` (the rest: the pipes' round trip)."""
+        return {"wait": self.wait_s, "copy": self.copy_s,
+                "control": max(0.0, self.wall_s - self.wait_s - self.copy_s)}
+
 
 
 def cover_group(devices: set[int], num_devices: int) -> tuple[int, ...]:
@@ -340,7 +360,8 @@ class NodeEngine:
         mark = time.perf_counter()
         replies = self._call(commands)
         return replies, MoveTiming(time.perf_counter() - mark,
-                                   {d: r.seconds for d, r in replies.items()})
+                                   {d: r.seconds for d, r in replies.items()},
+                                   {d: max(0.0, r.started_at - mark) for d, r in replies.items()})
 
     def move(self, request_id: str, devices: tuple[int, ...]) -> MoveTiming:
         """Re-shard a held request onto ``devices`` (another degree and/or other devices)

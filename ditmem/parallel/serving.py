@@ -472,6 +472,10 @@ def build_node_service(config, devices: int, *, policy_options: dict | None = No
     try:
         if "parallel" not in profile or "links" not in profile:
             _measure_node_sections(node, profile, key, parallel_sides, log)
+        if "move_latency_s" not in profile["links"]:
+            from ditmem.parallel.move_latency import add_move_latency
+
+            add_move_latency(node, profile["links"], log)
         cost = CostModel.from_dict(profile)
         cost.max_batch(key)
         service = NodeService(node, gen, cost, policy=config.policy, model=key,

@@ -89,7 +89,7 @@ class DeviceWorker:
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         return cmd.Reply(self.index, ok, value, error, time.perf_counter() - start,
                          self.pool.num_used_pages, time.thread_time() - cpu,
-                         time.process_time() - proc)
+                         time.process_time() - proc, start)
 
     def _part(self, request_id: str) -> Part:
         try:

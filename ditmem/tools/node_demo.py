@@ -49,7 +49,14 @@ def _profile(args, node, log) -> dict:
         with open(args.profile) as f:  # a profile JSON (checked in main)
             profile = json.load(f)
         if "parallel" in profile and "links" in profile:
-            log(f"profile: {args.profile} (its parallel table and links; nothing measured)")
+            if "move_latency_s" not in profile["links"]:
+                from ditmem.parallel.move_latency import add_move_latency
+
+                log(f"profile: {args.profile} (its parallel table and links; the links have "
+                    "no move latency: measuring it)")
+                add_move_latency(node, profile["links"], log)
+            else:
+                log(f"profile: {args.profile} (its parallel table and links; nothing measured)")
             return profile
     key = next(iter(profile["models"]))
     log(f"measuring the speed-up per degree on {node.num_devices} devices (at least "
@@ -79,6 +86,9 @@ def _profile(args, node, log) -> dict:
     profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
                         "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
                         "source": f"measured by ditmem demo --devices, {when}"}
+    from ditmem.parallel.move_latency import add_move_latency
+
+    add_move_latency(node, profile["links"], log)
     with open(args.profile_out, "w") as f:
         json.dump(profile, f, indent=2)
     log(f"profile: {args.profile_out} (speed-up at degree 2: "
@@ -239,9 +249,12 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     for rec in result.records:
         for d, k in rec.degrees.items():
             steps[str(d)] = steps.get(str(d), 0) + k
+    from ditmem.parallel.move_latency import breakdown
+
     out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
                migrations=sum(r.migrations for r in result.records),
-               parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary())
+               parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary(),
+               moves_breakdown=breakdown(devices.moves))
     return out
 
 
@@ -361,6 +374,15 @@ def main(args) -> int:
                 print(f"  [off] {name} {stage}: x{v['ratio']:.2f} of the profile over "
                       f"{v['jobs']} jobs -- the prediction and the limits below do not "
                       "describe this run")
+    print("where the moves' time went (median ms per move command: wall = wait for busy "
+          "devices + copy + control path; sums in s):")
+    for name, r in rows.items():
+        for kind, b in r["moves_breakdown"].items():
+            ms = {k: 1e3 * b[f"{k}_median_s"] for k in ("wall", "wait", "copy", "control")}
+            print(f"  {name:<6} {kind:<12} {b['moves']:4d} moves: wall {ms['wall']:7.1f} = "
+                  f"wait {ms['wait']:7.1f} + copy {ms['copy']:6.1f} + control "
+                  f"{ms['control']:5.1f}  (sums: wall {b['wall_sum_s']:.2f}, wait "
+                  f"{b['wait_sum_s']:.2f}, copy {b['copy_sum_s']:.2f} s)")
     print("machine load average (1 min; other jobs share the cores): "
           + ", ".join(f"{k} {v:.1f}" for k, v in load_avg.items()))
     print(f"trace limits: offline bound {100 * lim['bound_attainment']:.1f} % attainment; "

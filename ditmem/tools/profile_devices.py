@@ -65,6 +65,9 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
                          tokens_for=lambda s: tokens_for(key, s, s, args.frames),
                          frames=args.frames, report=log)
         peer = node.peer_link_rate((0, 1))
+        from ditmem.parallel.move_latency import measure_move_latency
+
+        moves = measure_move_latency(node)
     rounds = sorted({r["rounds"] for r in rows})
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = f"{platform.node()} ({os.cpu_count()} cores)"
@@ -76,5 +79,7 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
                        f"{when}: peer = median broadcast of 32 MiB between devices 0 and 1 "
                        "(gloo between worker processes on CPU); host = the profile's "
                        "host_link_bytes_per_s"}
+    links["move_latency_s"] = moves["move_latency_s"]
+    links["move_latency_measured"] = dict(moves, source=f"measured on the idle workers, {when}")
     log(f"  peer link {peer / 1e9:.2f} GB/s")
     return {key: speedup_table(rows, source, args.parallel_clock)}, links
