@@ -224,3 +224,74 @@ def test_wan_request_preempted_at_degree_two_resumed_at_degree_one_on_other_devi
         assert np.abs(got.astype(int) - expected.astype(int)).max() <= 1
         node.release("w")
         assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_move_behind_a_busy_source_waits_for_its_step(node):
+    """Request m is re-sharded off device 1 while device 1 runs another request's step (the
+    step command sent first): the move's wait (until the last device began it) covers
+    most of that step, and its copy does not (what ``observe_move`` learns is the copy and
+    the control path, not the wait)."""
+    from ditmem.parallel import commands as cmd
+
+    assert node.encode(_request("m", 1, 64, 64, cfg=False), 1)
+    assert node.encode(_request("busy", 2, 256, 256, cfg=True), 1)
+    try:
+        idle = node.move("m", (0,))
+        node.move("m", (1,))
+        stepping = node.submit({1: cmd.Step(["busy"], (1,))})
+        behind = node.move("m", (0,))
+        step_s = stepping[1].result(timeout=120).seconds
+    finally:
+        node.release("m")
+        node.release("busy")
+    assert idle.wait_s < 0.5 * step_s
+    assert behind.wait_s >= 0.8 * step_s > 0
+    assert behind.copy_s < behind.wait_s
+    assert behind.own_s == pytest.approx(behind.wall_s - behind.wait_s)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_move_latency_is_measured_on_idle_workers(node):
+    from ditmem.parallel.move_latency import measure_move_latency
+
+    m = measure_move_latency(node, repeats=3)
+    assert m["commands"] == 21
+    assert set(m["by_kind_s"]) == {"peer", "offload", "restore"}
+    assert 0 < m["move_latency_s"] <= m["wall_s"] + 1e-9 < 1.0
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}  # the probe is gone
+
+
+def test_engine_devices_report_each_moves_own_time(node):
+    """A job restoring one parked request (from the host) and moving another held one over
+    the device link, and one priced through the host (park + restore): one own time per
+    planned move in ``Timings.move_s``, in the job's order; the commands are recorded."""
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler import Request
+    from ditmem.scheduler.node.device import Job, Move
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
+
+    reqs = {rid: Request(rid, 0.0, width=64, height=64, steps=2, seed=i)
+            for i, rid in enumerate(("parked", "peer", "via-host"))}
+    for r in reqs.values():
+        assert node.encode(to_generation(r), 0)
+    node.park("parked")
+    cost, node_cost = _node_cost()
+    topo = Node(2, node_cost(cost).links)
+    d0, d1 = topo.groups(1)
+    devices = EngineDevices(node, to_generation)
+    moves = [Move(reqs["parked"], None, d1, "restore"), Move(reqs["peer"], d0, d1, "peer"),
+             Move(reqs["via-host"], d0, d1, "host")]
+    devices.launch(Job(0, d1, list(reqs.values()), 1, moves), 0.0)
+    (done,) = devices.wait(None)
+    try:
+        assert not devices.errors, devices.errors
+        assert len(done.timings.move_s) == 3 and all(s > 0 for s in done.timings.move_s)
+        assert done.timings.transfer_s == pytest.approx(sum(done.timings.move_s))
+        assert [m.kind for m in devices.moves] == ["restore", "peer", "host-park",
+                                                   "host-restore"]
+        assert node.stats()[1].held == sorted(reqs)
+    finally:
+        for rid in reqs:
+            node.release(rid)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
