@@ -4,7 +4,10 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 (never a scan of the whole queue):
 
 1. **Give up what cannot make it, early and cheaply.** On-time requests are taken in
-   deadline order and their remaining work summed; where the sum exceeds the device time
+   deadline order and their remaining work summed — each step counted at its cost in the
+   model's best packing (``packing``: a 512² step on h200 costs 0.094 s alone and 0.073 s
+   in a batch of 4), so requests that will share steps are not given up for work the
+   batch never does; where the sum exceeds the device time
    left before a deadline — minus the work that future arrivals are expected to slot in
    first (``forecast``, learned online from recent arrivals) — the request with the most
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
@@ -88,6 +91,9 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
+    * ``packing`` — the fraction of the best packing gain (the model's ``max_batch`` of the
+      same shape) the give-up rule and the slacks credit each remaining step with (1: all;
+      0: batch-1 times, the previous rule; measured in docs/results/scheduler.md);
     * ``tail`` — the promise rule (step 6): ``"late"`` or ``"fifo"``;
     * ``late_windows`` and ``late_share`` (``tail="late"``) — a late request is promised to
       finish by ``late_windows`` SLO windows past its deadline, or, when the lane is long,
@@ -133,6 +139,7 @@ class SloPolicy(Policy):
         late_share: float = 0.1,
         window: int = 32,
         promise_tries: int = 8,
+        packing: float = 1.0,
         batching: bool = True,
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
@@ -159,6 +166,10 @@ class SloPolicy(Policy):
         self.min_gain = min_gain
         self.window = window
         self.promise_tries = promise_tries
+        if not 0.0 <= packing <= 1.0:
+            raise ValueError(f"packing must be in [0, 1], got {packing!r}")
+        self.packing = packing
+        self._gain: dict[tuple[str, int], float] = {}
         self.batching = batching
         self._static: dict[str, tuple[int, int]] = {}
 
@@ -208,6 +219,20 @@ class SloPolicy(Policy):
             self._late &= alive
         return out
 
+    def _work(self, c: Candidate) -> float:
+        """Remaining work counted against deadlines: ``rem`` less ``packing`` × the time
+        its remaining steps would save at the model's best packing (same shape, max batch)."""
+        if self.packing <= 0 or not self.batching:
+            return c.rem
+        key = (c.req.model, c.tokens)
+        gain = self._gain.get(key)
+        if gain is None:
+            b = self.cost.max_batch(c.req.model)
+            gain = 1.0 - self.cost.step_time(c.req.model, [c.tokens] * b) / (b * c.tau)
+            gain = self._gain[key] = max(0.0, gain)
+        steps = c.rem - c.enc - c.dec
+        return c.rem - self.packing * gain * steps
+
     def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
@@ -235,7 +260,7 @@ class SloPolicy(Policy):
         work = 0.0
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
-            work += c.rem
+            work += self._work(c)
             self._skip.add(c.req.id)
             heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
             while heap and work > (
@@ -245,7 +270,7 @@ class SloPolicy(Policy):
                 victim.late = True
                 fresh.append(victim)
                 self._skip.discard(victim.req.id)
-                work -= victim.rem
+                work -= self._work(victim)
         for c in fresh:
             self._late.add(c.req.id)
             self.lane.add_late(c, now)
@@ -256,7 +281,7 @@ class SloPolicy(Policy):
         self._skip = set()
         for c in ontime:
             c.guard = guard
-            work += c.rem
+            work += self._work(c)
             self._skip.add(c.req.id)
             c.slack = (
                 self._capacity(c.req.deadline - now, now, c.req.priority, self.headroom) - work

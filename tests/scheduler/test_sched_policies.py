@@ -158,3 +158,26 @@ def test_paused_requests_are_reported_as_preempted(policy):
         assert plan.pause == []
     else:
         assert plan.pause == ["a"]
+
+
+def test_slo_counts_packed_steps_when_it_decides_whom_to_give_up():
+    """Four 512² requests pack 4 steps at 2 s (1 s each alone) and a 1024² one takes 16 s:
+    by hand 4 × 2 + 16 = 24 s of work fits their 25 s windows, while batch-1 times (32 s)
+    do not. Counting batch-1 times (packing=0) gives the 1024² one up, and a stream of
+    later-due small requests then keeps the device busy until it is 29 s late; counting
+    packed steps (the default) serves it on time and every request meets its SLO."""
+    points = [{"tokens": 1024, "batch": b, "seconds": s} for b, s in ((2, 1.2), (3, 1.6), (4, 2.0))]
+    cost = table_cost(batch_points=points)
+
+    def trace():
+        out = [req(f"s{i}", 0.0, steps=4, slo_ms=25_000, cost=cost) for i in range(4)]
+        out.append(req("big", 0.0, size=1024, steps=4, slo_ms=25_000, cost=cost))
+        return out + [req(f"t{k:02d}", 8.0 + 2 * k, steps=4, slo_ms=40_000, cost=cost)
+                      for k in range(17)]
+
+    batch1 = run("slo", trace(), cost, packing=0.0, forecast=False)
+    assert [r.request.id for r in batch1.records if not r.met] == ["big"]
+    assert finish_times(batch1)["big"] > 50.0
+    packed = run("slo", trace(), cost, forecast=False)
+    assert all(r.met for r in packed.records)
+    assert finish_times(packed)["big"] <= 25.0
