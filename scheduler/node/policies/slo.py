@@ -57,11 +57,12 @@ A move needs every device it reads from and writes to. A paused request whose st
 devices still running another job's step (``Placer.stuck``) goes to a group holding those
 devices when one is free; else it is moved only when the wait for that step (it idles the
 new group meanwhile; the loop predicts it) is at most ``move_wait`` of its own steps at the
-new degree — otherwise it waits for the next decision (refusing every such move starves a
-request whose old group is never free all at once: its maximum latency went from 66 s to
-605 s in a trial). Such requests are never parked to make room. Moves that read from
-devices this decision gives a new job go first in the plan (those jobs wait for the copy,
-not the copy for their step).
+new degree, or at once when it is urgent or late — otherwise it waits for the next
+decision (refusing every such move starves a request whose old group is never free all at
+once: the maximum latency went from 66 s to 605 s in a trial; with the limit alone a 512²
+spread over 8 devices waited 88 s). Such requests are never parked to make room. Moves
+that read from devices this decision gives a new job go first in the plan (those jobs wait
+for the copy, not the copy for their step).
 """
 
 from __future__ import annotations
@@ -359,14 +360,18 @@ class NodeSloPolicy(NodePolicy):
 
     def _group(self, placer: Placer, c: _Cand, degree: int) -> Group | None:
         """A free group of ``degree`` for ``c``: one needing no wait for its state's devices
-        first; else one whose move waits at most ``move_wait`` × its step at ``degree``."""
+        first; else one whose move waits at most ``move_wait`` × its step at ``degree`` — any
+        wait when ``c`` is urgent or late (else a request spread over a large group could
+        wait for all of it to be free at once)."""
         stuck = placer.stuck(c.item)
         g = best_group(self.node, placer, degree, c.home, stuck=stuck)
         if g is not None or not stuck:
             return g
         view = placer.view
         wait = NodeCost.move_wait(c.home, None, view.busy_until, view.now)
-        if wait > self.move_wait * c.step(self.node.degrees.index(degree)):
+        if wait > self.move_wait * c.step(self.node.degrees.index(degree)) and not (
+            c.late or self._urgent(view.now, c)
+        ):
             return None
         return best_group(self.node, placer, degree, c.home)
 
