@@ -49,14 +49,10 @@ def _profile(args, node, log) -> dict:
         with open(args.profile) as f:  # a profile JSON (checked in main)
             profile = json.load(f)
         if "parallel" in profile and "links" in profile:
-            if "move_latency_s" not in profile["links"]:
-                from ditmem.parallel.move_latency import add_move_latency
-
-                log(f"profile: {args.profile} (its parallel table and links; the links have "
-                    "no move latency: measuring it)")
-                add_move_latency(node, profile["links"], log)
-            else:
-                log(f"profile: {args.profile} (its parallel table and links; nothing measured)")
+            log(f"profile: {args.profile} (its parallel table and links; nothing measured"
+                + ("" if "move_latency_s" in profile["links"] else
+                   "; its links have no move_latency_s: moves priced by their bytes only")
+                + ")")
             return profile
     key = next(iter(profile["models"]))
     log(f"measuring the speed-up per degree on {node.num_devices} devices (at least "
