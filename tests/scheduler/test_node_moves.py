@@ -206,3 +206,35 @@ def test_slo_moves_an_urgent_request_off_a_busy_device_whatever_the_wait():
     pol = make_node_policy("slo", nc, node, forecast=False, move_wait=0.0)
     plan = pol.schedule(view)
     assert [(a.group, a.batch) for a in plan.assignments] == [(Group(1, 1), ["p"])]
+
+
+def _displacing_view(nc, node):
+    """Device 1 runs q until t=10; device 0 is free and holds the state of the paused p
+    (lax deadline); r (waiting, 4 s of work due at 5 s: urgent) takes device 0."""
+    p = req("p", 0, size=512, steps=4, slo_ms=600_000, cost=nc.cost)
+    q = req("q", 0, size=1024, steps=4, slo_ms=600_000, cost=nc.cost)
+    r = req("r", 0, size=512, steps=4, slo_ms=5_000, cost=nc.cost)
+    waiting = WaitingQueue()
+    waiting.push(r)
+    paused = NodeStatus(p, steps_done=1, group=Group(1, 0), pages=1)
+    running = NodeStatus(q, steps_done=1, group=Group(1, 1), pages=1, running=True,
+                         job_end=10.0)
+    return NodeView(0.0, node, 0b01, [paused], [running], waiting, [100, 100], 100, PAGE,
+                    None, [0.0, 10.0])
+
+
+def test_slo_parks_a_displaced_request_while_its_device_is_free():
+    """r's job on device 0 first parks p (1 MiB at 0.1 GB/s = 10 ms, and as much to restore
+    it: less than r's 1 s step): p can later resume anywhere without waiting for r's step."""
+    nc = node_cost()
+    node = Node(2, nc.links)
+    plan = make_node_policy("slo", nc, node, forecast=False).schedule(_displacing_view(nc, node))
+    assert [(a.group, a.batch, a.offload) for a in plan.assignments] == [
+        (Group(1, 0), ["r"], ["p"])
+    ]
+    off = make_node_policy("slo", nc, node, forecast=False, park=False)
+    assert off.schedule(_displacing_view(nc, node)).assignments[0].offload == []
+    slow = node_cost(host=1e6)  # a park + restore of 2 s costs more than r's step: kept
+    plan = make_node_policy("slo", slow, node, forecast=False).schedule(
+        _displacing_view(slow, node))
+    assert plan.assignments[0].offload == []

@@ -122,11 +122,53 @@ class Placer:
                 return out
         return None
 
-    def plan(self) -> NodePlan:
+    def plan(self, park_displaced: bool = False) -> NodePlan:
         """The assignments, those moving state off devices outside their group first: a
         device this decision gives a new job sends its paused requests' state before that
-        job starts, not after its step."""
+        job starts, not after its step. With ``park_displaced``, first ``park_displaced``."""
+        if park_displaced:
+            self.park_displaced()
         return NodePlan(sorted(self.assignments, key=lambda a: not self._reads_outside(a)))
+
+    def park_displaced(self) -> None:
+        """Park on the host the paused requests (not in this plan) resident on the devices
+        of an assignment, while those devices are free: a later move of such a request
+        would wait for the new job's step on them, a restore from the host waits for
+        nothing. Only where the park and the restore cost less than that job's step, the
+        host pool has room, no device outside the group still runs a job, and the node has
+        devices outside the group (else it could resume nowhere sooner)."""
+        cost = self.ncost
+        everything = self.view.node.all_mask
+        for a in self.assignments:
+            if not a.batch or a.group.mask == everything:
+                continue
+            step = self._step_s(a)
+            for s in self.view.paused:
+                g = s.group
+                if g is None or s.id in self.taken or not g.mask & a.group.mask:
+                    continue
+                if g.mask & ~a.group.mask & self.busy:
+                    continue
+                total = s.pages * g.degree
+                if total > self.host_free:
+                    continue
+                if cost.offload_time(s.request, g) + cost.restore_time(s.request, g) > step:
+                    continue
+                a.offload.append(s.id)
+                self.taken.add(s.id)
+                self.host_free -= total
+
+    def _step_s(self, a: Assignment) -> float:
+        """Predicted seconds of one step of ``a``'s batch on its group."""
+        started = {s.id: s.request for s in self.view.paused}
+        waiting = self.view.waiting
+        reqs = [started.get(rid) or (waiting.get(rid) if rid in waiting else None)
+                for rid in a.batch]
+        reqs = [r for r in reqs if r is not None]
+        if not reqs:
+            return 0.0
+        tokens = [self.ncost.cost.tokens(r) for r in reqs]
+        return self.ncost.step_time(reqs[0].model, tokens, a.group.degree)
 
     def _reads_outside(self, a: Assignment) -> bool:
         paused = self._paused

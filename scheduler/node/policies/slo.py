@@ -62,7 +62,12 @@ decision (refusing every such move starves a request whose old group is never fr
 once: the maximum latency went from 66 s to 605 s in a trial; with the limit alone a 512²
 spread over 8 devices waited 88 s). Such requests are never parked to make room. Moves
 that read from devices this decision gives a new job go first in the plan (those jobs wait
-for the copy, not the copy for their step).
+for the copy, not the copy for their step). And a paused request whose devices this
+decision gives to another job is parked on the host first, while they are free (``park``,
+``Placer.park_displaced``: where the park and a later restore cost less than that job's
+step) — a restore from the host waits for no device, a later move off them would wait for
+the job: with moves priced so, parking cut the wait for busy devices from 1,404 s to 20 s
+(seed-mix ρ 0.8, 2 × 2,000) and kept the session-4 figures.
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class NodeSloPolicy(NodePolicy):
     remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
     past the deadline before a late request goes first), ``move_wait`` (the longest wait for
     a paused request's busy devices a move may take, in its steps at the new degree),
+    ``park`` (park displaced paused requests on the host),
     ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0)."""
@@ -137,6 +143,7 @@ class NodeSloPolicy(NodePolicy):
         aging: float = 10.0,
         margin: float = 0.1,
         move_wait: float = 1.0,
+        park: bool = True,
         guard: bool = False,
         guard_degree: int = 1,
         guard_quantile: float = 1.0,
@@ -158,6 +165,7 @@ class NodeSloPolicy(NodePolicy):
         self.aging = aging
         self.margin = margin
         self.move_wait = move_wait
+        self.park = park
         self._static: dict[str, tuple] = {}
         self.guard = guard
         self.guard_degree = guard_degree
@@ -326,7 +334,7 @@ class NodeSloPolicy(NodePolicy):
             self._batch(now, placer, placed, [c for c in left if id(c) not in done])
         if self.spare:
             self._upgrade(placer, placed)
-        return placer.plan()
+        return placer.plan(park_displaced=self.park)
 
     def _place_all(self, placer: Placer, view: NodeView, order, placed, done) -> list[_Cand]:
         """Place ``order`` at each one's degree (late ones at 1); return those left out."""
