@@ -85,8 +85,10 @@ class EngineDevices:
     profile's ``decode_tile_*`` prices it), ``None`` for whole decodes. A server's
     callbacks (from job threads): ``on_output(request_id, image)`` as each image is decoded
     (uint8 ``[H, W, 3]``), ``on_failed(request_id, error)`` for each request of a failed
-    job (or left out of one), ``on_event(kind, request_ids, job)`` with kind "encoded" or
-    "stepped" as stages end.
+    job (or left out of one), ``on_event(kind, request_ids, seconds)`` as stages end: kind
+    "encoded" (per request), "stepped" (one packed step of them all), "decoded" (per
+    request) or "moved" (one request's state parked, restored or re-sharded), with the
+    stage's wall seconds (a move's: its own, without the wait for busy devices).
     """
 
     def __init__(self, node, to_generation: Callable, *, keep_outputs: bool = False,
@@ -94,7 +96,7 @@ class EngineDevices:
                  clock: Callable[[], float] = time.monotonic,
                  on_output: Callable[[str, object], None] | None = None,
                  on_failed: Callable[[str, BaseException], None] | None = None,
-                 on_event: Callable[[str, list[str], object], None] | None = None) -> None:
+                 on_event: Callable[[str, list[str], float], None] | None = None) -> None:
         self.node = node
         self.decode_tile = decode_tile
         self.to_generation = to_generation
@@ -194,6 +196,7 @@ class _GroupJob(JobStages):
         with self.devices._lock:
             self.devices.link_busy_s += own
             self.devices.moves.extend(MoveRecord(k, rid, t) for k, t in timings)
+        self._event("moved", [rid], own)
 
     def _restore(self, rid: str, dst) -> object:
         timing = self.node.restore(rid, tuple(dst.devices))
@@ -218,33 +221,37 @@ class _GroupJob(JobStages):
         node, devices, mark = self.node, self.group, self.clock()
 
         def encode(request, device: int) -> None:
+            begin = self.clock()
             if not node.encode(self.devices.to_generation(request), device):
                 raise MemoryError(f"encode of {request.id} on device {device}: no room")
             node.move(request.id, devices)  # onto the whole group (no-op at degree 1)
+            self._event("encoded", [request.id], self.clock() - begin)
 
         _spread([self.requests[rid] for rid in rids], devices, encode)
         self.timings.encode_s = self.clock() - mark
-        self._event("encoded", rids)
 
     def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
         mark = self.clock()
         for _ in range(steps if rids else 0):
+            begin = self.clock()
             self.node.step([(self.group, list(rids))])
-            self._event("stepped", rids)
+            self._event("stepped", rids, self.clock() - begin)
         self.timings.step_s = self.clock() - mark
         return [r.id for r in self.job.decodes]
 
-    def _event(self, kind: str, rids: list[str]) -> None:
+    def _event(self, kind: str, rids: list[str], seconds: float) -> None:
         if self.devices.on_event is not None and rids:
-            self.devices.on_event(kind, list(rids), self.job)
+            self.devices.on_event(kind, list(rids), seconds)
 
     def decode(self, rids: list[str]) -> None:
         owner, node, mark = self.devices, self.node, self.clock()
 
         def decode(request, device: int) -> None:
+            begin = self.clock()
             node.move(request.id, (device,))
             image = node.decode(request.id, owner.decode_tile)
             node.release(request.id)
+            self._event("decoded", [request.id], self.clock() - begin)
             if owner.keep_outputs:
                 with owner._lock:
                     owner.outputs[request.id] = image

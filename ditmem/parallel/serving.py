@@ -333,14 +333,22 @@ class NodeService:
         return live
 
     # callbacks: job threads (devices), the loop thread (record, dropped), a reader (lost)
-    def _on_event(self, kind: str, rids: list[str], job) -> None:
+    def _on_event(self, kind: str, rids: list[str], seconds: float) -> None:
         with self._lock:
             for rid in rids:
                 live = self._live.get(rid)
                 if live is None:
                     continue
+                t = live.timing
+                if kind == "moved":
+                    t.offload_s += seconds
+                    continue
+                t.running_s += seconds
                 if kind == "encoded":
                     live.started = True
+                    t.encode_s += seconds
+                elif kind == "decoded":
+                    t.decode_s += seconds
                 else:
                     live.steps_done += 1
             if kind == "stepped":
@@ -382,7 +390,6 @@ class NodeService:
         t.finished, t.started = record.finished, record.started
         t.steps_run = live.sched.steps
         t.preemptions, t.offloads = record.preemptions, record.offloads
-        t.running_s = max(0.0, record.finished - record.started)
         result = GenerationResult(rid, live.sched.priority, live.ticket.slo_ms, t, live.image,
                                   0)
         self._finish(rid, None, "completed", result)

@@ -99,6 +99,10 @@ def test_concurrent_images_equal_the_single_device_reference(served, generator):
         expected = _reference(generator, prompt, side, seed)
         assert image.shape == expected.shape == (side, side, 3)
         assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+        (timing,) = body["timing"]["requests"]
+        assert timing["steps"] == STEPS and timing["encode_ms"] > 0 and timing["decode_ms"] > 0
+        assert timing["encode_ms"] + timing["decode_ms"] < timing["running_ms"]
+        assert timing["running_ms"] <= timing["latency_ms"] + 1e-3
     assert expected.std() > 1  # a real image, not a flat one
     health = httpx.get(f"{url}/health").json()
     assert health["status"] == "ok" and [d["device"] for d in health["devices"]] == [0, 1]
