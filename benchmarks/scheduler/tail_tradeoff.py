@@ -26,6 +26,8 @@ from ditmem.scheduler.tail_bound import min_misses_within
 
 SETTINGS = [
     ("late: 3 windows, share 0.1", {"tail": "late"}),
+    # the give-up rule before session 5: remaining work at batch-1 step times
+    ("late, batch-1 give-up (session 4)", {"tail": "late", "packing": 0.0}),
     ("late: 6 windows, share 0.5", {"tail": "late", "late_windows": 6.0, "late_share": 0.5}),
     ("late: 3 windows, share 0.5", {"tail": "late", "late_windows": 3.0, "late_share": 0.5}),
     ("late: 1 window, share 1", {"tail": "late", "late_windows": 1.0, "late_share": 1.0}),
