@@ -7,10 +7,16 @@ has routed since (:class:`~.routing.RoutingBook`). A report at time t is read of
 replica's own simulation of the requests routed to it so far (all arrived by t; the
 simulators are causal, so later arrivals cannot change what happened before t): a request
 is live at t when it arrived and had not finished; its remaining work is its standalone
-time when it had not started, else that less the time since it started (the replica
-itself reports the cost model's estimate from its steps done; the simulation does not
-expose steps at t, and nothing later than t is used). A D-device replica reports work in
+time times the share of its steps not done at t, as the replica itself reports (the cost
+model's estimate from its steps done). Steps done come from the simulation's job
+completions up to t (:class:`ReplicaRun` ``progress``; a job still running at t counts
+none of its steps); nothing later than t is used. A D-device replica reports work in
 replica-seconds (device-seconds / D) with ``speed`` 1/D and ``devices`` D.
+
+Reading steps, not the time since a request started, matters on a node: a request paused
+behind earlier-deadline work does no work while the clock runs, and one running at degree
+k does k devices' work; "standalone less the time since it started" got both wrong
+(docs/results/deploy.md, "Session 5").
 
 Once every request is placed, each replica's requests are simulated once more, to the end:
 those records are the result.
@@ -18,15 +24,33 @@ those records are the result.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .request import Request
 from .routing import ReplicaLoad, RouteRequest, RoutingBook, load_of
 
-#: ``run_replica(requests, index)`` -> records with ``request``, ``started``, ``finished``.
-ReplicaSim = Callable[[list[Request], int], list]
+
+@dataclass(slots=True)
+class ReplicaRun:
+    """One replica's simulation: ``records`` (each with ``request``, ``started``,
+    ``finished``) and ``progress``: per request id, ``(t, steps done by t)`` at the end of
+    each of its jobs, in time order (cumulative steps)."""
+
+    records: list
+    progress: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def steps_done(self, request_id: str, t: float) -> int:
+        """Steps of ``request_id`` completed by jobs that ended at or before ``t``."""
+        marks = self.progress.get(request_id, ())
+        i = bisect.bisect_right(marks, (t, math.inf))
+        return marks[i - 1][1] if i else 0
+
+
+#: ``run_replica(requests, index)`` -> the replica's :class:`ReplicaRun`.
+ReplicaSim = Callable[[list[Request], int], ReplicaRun]
 
 
 @dataclass(slots=True)
@@ -39,18 +63,18 @@ class ClusterResult:
     refreshes: int
 
 
-def report_at(records: Sequence, replica: str, t: float, devices: int,
+def report_at(run: ReplicaRun, replica: str, t: float, devices: int,
               pages: int = 2**31) -> ReplicaLoad:
-    """What replica ``replica`` would report at ``t`` given its simulated ``records``
+    """What replica ``replica`` would report at ``t`` given its simulation ``run``
     (module docstring)."""
     items = []
-    for rec in records:
+    for rec in run.records:
         r = rec.request
         if r.arrival > t or rec.finished <= t:
             continue
         alone = r.standalone_s or 0.0
-        remaining = alone if rec.started > t else max(0.0, alone - (t - rec.started))
-        items.append((r.priority, r.deadline, remaining / devices))
+        left = max(0, r.steps - run.steps_done(r.id, t)) / r.steps if r.steps else 1.0
+        items.append((r.priority, r.deadline, alone * left / devices))
     return load_of(replica, items, pages, pages, t, 1.0 / devices, devices)
 
 
@@ -71,7 +95,7 @@ def simulate_cluster(requests: Sequence[Request], replicas: int, router,
             raise ValueError(f"request {r.id!r}: assign a deadline first (cost.assign_deadline)")
     names = [f"replica-{i}" for i in range(replicas)]
     assigned: list[list[Request]] = [[] for _ in range(replicas)]
-    simulated: list[tuple[int, list]] = [(0, []) for _ in range(replicas)]
+    simulated: list[tuple[int, ReplicaRun]] = [(0, ReplicaRun([])) for _ in range(replicas)]
     loads = [ReplicaLoad(n, (0.0, 0.0, 0.0), (None, None, None), 2**31, 2**31, 0,
                          -math.inf, 1.0 / devices, devices) for n in names]
     book = RoutingBook()
@@ -94,5 +118,5 @@ def simulate_cluster(requests: Sequence[Request], replicas: int, router,
         placement[req.id] = index
     records = []
     for i in range(replicas):
-        records += run_replica(list(assigned[i]), i) if assigned[i] else []
+        records += run_replica(list(assigned[i]), i).records if assigned[i] else []
     return ClusterResult(records, placement, refreshes)

@@ -13,7 +13,7 @@ mean standalone time at degree 1 ÷ (R × D). One row per router, seeds pooled.
 from __future__ import annotations
 
 from .cli import SIM_ERRORS, fail, write_rows
-from .cluster import simulate_cluster
+from .cluster import ReplicaRun, simulate_cluster
 from .cost import CostModel
 from .metrics import summarize
 from .noise import TimingNoise
@@ -22,6 +22,27 @@ from .workloads import workload
 
 HEADER = (f"{'router':<12} {'workload':<12} {'arrival':<9} {'load':>5} {'R':>2} {'D':>2} "
           f"{'requests':>8} {'att%':>7} {'p0%':>7} {'P50 s':>8} {'P95 s':>8} {'P99 s':>8}")
+
+
+class StepLog:
+    """A node policy that also logs each request's steps done at the end of every job
+    (``progress`` of :class:`~.cluster.ReplicaRun`); everything else is ``policy``'s."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.progress: dict[str, list[tuple[float, int]]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def schedule(self, view):
+        return self.policy.schedule(view)
+
+    def observe(self, report) -> None:
+        for rid in report.batch:
+            marks = self.progress.setdefault(rid, [])
+            marks.append((report.now, (marks[-1][1] if marks else 0) + report.steps))
+        self.policy.observe(report)
 
 
 def run_cluster_point(cost: CostModel, name: str, router: str, *, replicas: int, devices: int,
@@ -42,10 +63,11 @@ def run_cluster_point(cost: CostModel, name: str, router: str, *, replicas: int,
         def run_replica(assigned, index, seed=seed):
             ncost = NodeCost(cost)
             node = Node(devices, ncost.links)
-            pol = make_node_policy(policy, ncost, node)
+            pol = StepLog(make_node_policy(policy, ncost, node))
             jitter = TimingNoise(noise, bias, 1000 * seed + index)
-            return simulate_node(assigned, pol, node, noise=jitter,
-                                 slo_scale=slo_scale).records
+            records = simulate_node(assigned, pol, node, noise=jitter,
+                                    slo_scale=slo_scale).records
+            return ReplicaRun(records, pol.progress)
 
         result = simulate_cluster(reqs, replicas, make_router(router, seed), run_replica,
                                   devices=devices, report_s=report_s)

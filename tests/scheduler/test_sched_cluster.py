@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from ditmem.scheduler import CostModel, Request
-from ditmem.scheduler.cluster import report_at, simulate_cluster
+from ditmem.scheduler.cluster import ReplicaRun, report_at, simulate_cluster
 from ditmem.scheduler.cluster_cli import run_cluster_point
 from ditmem.scheduler.routing import make_router
 
@@ -18,18 +18,28 @@ class Rec:
     finished: float
 
 
-def req(rid, arrival, work, priority=1, slack=100.0):
-    r = Request(id=rid, arrival=arrival, priority=priority)
+def req(rid, arrival, work, priority=1, slack=100.0, steps=10):
+    r = Request(id=rid, arrival=arrival, priority=priority, steps=steps)
     r.standalone_s, r.deadline = work, arrival + work + slack
     return r
 
 
 def edf(assigned, index):
     """One server, earliest deadline first, preempting (the slo policy's on-time rule),
-    service = standalone time."""
+    service = standalone time in equal steps; progress logged at every step's end."""
     pending = sorted(assigned, key=lambda r: (r.arrival, r.id))
     left = {r.id: r.standalone_s for r in pending}
     started, out, clock, present = {}, [], 0.0, []
+    progress: dict[str, list] = {}
+
+    def serve(r, seconds):
+        step = r.standalone_s / r.steps
+        done_before = round((r.standalone_s - left[r.id]) / step, 9)
+        left[r.id] -= seconds
+        done_after = round((r.standalone_s - left[r.id]) / step, 9)
+        for k in range(int(done_before) + 1, int(done_after) + 1):
+            progress.setdefault(r.id, []).append((clock + (k - done_before) * step, k))
+
     while pending or present:
         if not present:
             clock = max(clock, pending[0].arrival)
@@ -39,13 +49,14 @@ def edf(assigned, index):
         started.setdefault(run.id, clock)
         until = clock + left[run.id]
         if pending and pending[0].arrival < until:
-            left[run.id] -= pending[0].arrival - clock
+            serve(run, pending[0].arrival - clock)
             clock = pending[0].arrival
             continue
+        serve(run, until - clock)
         clock = until
         present.remove(run)
         out.append(Rec(run, started[run.id], clock))
-    return out
+    return ReplicaRun(out, progress)
 
 
 def test_a_report_at_t_uses_nothing_after_t():
@@ -60,6 +71,25 @@ def test_a_report_at_t_uses_nothing_after_t():
     half = report_at(recs, "r", 4.0, devices=2)
     assert half.backlog_s == (0.0, 3.0, 1.0) and half.speed == 0.5
     assert report_at(recs, "r", 20.0, devices=1).ongoing == 0
+
+
+def test_a_paused_request_reports_the_steps_it_has_left_not_the_time_since_it_started():
+    a, c = req("a", 0.0, 10.0), req("c", 5.0, 1.0, slack=0.5)
+    run = edf([a, c], 0)
+    # c (deadline 6.5 < a's 110) runs 5..6: a stays paused after 5 of its 10 steps
+    assert run.steps_done("a", 5.5) == 5
+    assert report_at(run, "r", 5.5, devices=1).backlog_s == (0.0, 5.0 + 0.5, 0.0)
+    # 'standalone less the time since it started' would have said 10 - 5.5 = 4.5 for a
+
+
+def test_a_request_running_on_several_devices_reports_its_steps_not_the_clock():
+    # a node ran r (10 steps, 8 s standalone) 5 steps in its first 2 s (a degree > 1)
+    r = req("r", 0.0, 8.0)
+    run = ReplicaRun([Rec(r, 0.0, 4.0)], {"r": [(1.0, 2), (2.0, 5)]})
+    assert report_at(run, "n", 2.5, devices=2).backlog_s == (0.0, pytest.approx(2.0), 0.0)
+    assert report_at(run, "n", 1.5, devices=2).backlog_s == (0.0, pytest.approx(3.2), 0.0)
+    # a job still running at t counts none of its steps: 0 before the first mark
+    assert report_at(run, "n", 0.5, devices=2).backlog_s == (0.0, pytest.approx(4.0), 0.0)
 
 
 def trace():
