@@ -179,7 +179,7 @@ class NodeEngine:
         if num_devices < 1:
             raise ValueError(f"num_devices: expected >= 1, got {num_devices}")
         self.num_devices = num_devices
-        self.page_bytes, self.pool_pages = page_bytes, pool_pages
+        self.page_bytes, self.pool_pages, self.host_pages = page_bytes, pool_pages, host_pages
         self.command_timeout_s = command_timeout_s
         self.holders: dict[str, tuple[int, ...]] = {}
         self.parked: dict[str, list] = {}

@@ -88,7 +88,9 @@ class NodeService:
 
     node: a started ``NodeEngine`` (owned: stopped with the service); generator: the model
     in this process, for the request checks only (rules, tokenizer, page estimate); cost:
-    a ``CostModel`` whose profile has the node's ``parallel`` and ``links`` sections;
+    a ``CostModel`` whose profile has the node's ``parallel`` and ``links`` sections (owned:
+    its device and host pool sizes are set to the node's, so the loop counts the pages the
+    workers have);
     policy: a node policy name ("slo" elastic degree and migration, "fifo" on static
     single-device replicas); model: the scheduler's model key.
     """
@@ -103,6 +105,7 @@ class NodeService:
         from ditmem.scheduler.node.topology import Node
 
         self.node, self.gen, self.cost, self.model = node, generator, cost, model
+        _fit_pools(cost, node, model)
         self.max_active, self.max_queued, self.slo_scale = max_active, max_queued, slo_scale
         self.truth = NodeCost(cost)
         self.topology = Node(node.num_devices, self.truth.links)
@@ -410,6 +413,18 @@ class NodeService:
             self._let_go(rid)
         if len(self.node.dead) >= self.node.num_devices:
             self._die(f"every device is lost (last: {reason})")
+
+
+def _fit_pools(cost, node, model: str) -> None:
+    """Make ``cost``'s device pages per device and host pages equal the node's pools (the
+    profile's sizes are the machine's it was measured on)."""
+    page = node.page_bytes
+    have = cost.device_pages(model, page)
+    cost.profile["device_bytes"] += (node.pool_pages - have) * page
+    cost.profile["host_bytes"] = node.host_pages * node.num_devices * page
+    if cost.device_pages(model, page) != node.pool_pages:
+        raise ValueError(f"cost: could not fit the profile to the node's pool of "
+                         f"{node.pool_pages} pages")
 
 
 class _Listened:

@@ -127,3 +127,18 @@ def test_move_timing_split():
     assert t.own_s == pytest.approx(0.005)
     assert t.parts() == pytest.approx({"wait": 0.050, "copy": 0.004, "control": 0.001})
     assert MoveTiming(0.003).parts() == pytest.approx({"wait": 0, "copy": 0.003, "control": 0})
+
+
+def test_the_loop_counts_the_pages_the_workers_have():
+    """The profile was measured with another pool: the service sets its cost model's
+    device pages per device and host pages (all devices' host pools) to the node's."""
+    from types import SimpleNamespace
+
+    from ditmem.parallel.serving import _fit_pools
+
+    cost = _cost()
+    node = SimpleNamespace(page_bytes=1 << 14, pool_pages=100, host_pages=50, num_devices=2)
+    assert cost.device_pages("qwen-image", 1 << 14) != 100
+    _fit_pools(cost, node, "qwen-image")
+    assert cost.device_pages("qwen-image", 1 << 14) == 100
+    assert cost.host_pages(1 << 14) == 100
