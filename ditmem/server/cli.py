@@ -134,7 +134,7 @@ def main(args) -> int:
         return serve_on_ray(args, engine_config(args), config)
     set_torch_threads(args.threads)
     if args.devices > 1:
-        from ditmem.parallel.serving import build_node_service
+        from ditmem.parallel.service_factory import build_node_service
         from ditmem.parallel.speedup import CalibrationError
 
         try:

@@ -165,7 +165,7 @@ def test_a_killed_worker_fails_only_its_requests(served):
 
 def test_more_devices_than_cores_is_a_clear_error():
     from ditmem.engine.factory import EngineConfig
-    from ditmem.parallel.serving import build_node_service
+    from ditmem.parallel.service_factory import build_node_service
 
     with pytest.raises(ValueError, match="exceeds the .* cores"):
         build_node_service(EngineConfig(profile=str(PROFILE)), (os.cpu_count() or 1) + 1)
