@@ -255,6 +255,7 @@ def run_node(
         """Let a cancelled request go; False while a job runs it (tried again later)."""
         if rid in st.waiting:
             st.waiting.remove(rid)
+            policy.forget(rid)
             intake.dropped(rid, False)
             return True
         s = st.started.get(rid)
@@ -268,6 +269,7 @@ def run_node(
         else:
             st.host_free += s.host_pages
         del st.started[rid]
+        policy.forget(rid)
         intake.dropped(rid, True)
         return True
 

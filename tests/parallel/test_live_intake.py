@@ -72,7 +72,8 @@ def test_intake_rules():
 def test_node_loop_through_the_live_intake_drops_a_cancelled_request():
     """Three requests given to the loop through a live intake on virtual devices; "b" is
     cancelled once it has started (between two of its jobs): the loop lets it go (told as
-    started: it held pages) and never runs it again; the others finish."""
+    started: it held pages) and never runs it again; the others finish; the policy keeps
+    nothing about any of them afterwards (a cancelled request's entries used to stay)."""
     cost = _cost()
     truth = NodeCost(cost)
     topo = Node(2, truth.links)
@@ -106,6 +107,7 @@ def test_node_loop_through_the_live_intake_drops_a_cancelled_request():
     assert dropped == [("b", True)]
     runs_of_b = [batch for batch in launched if "b" in batch]
     assert len(runs_of_b) == 1                  # never run after the cancel
+    assert policy._static == {} and policy.shadow._entries == {}
 
 
 def test_feed_trace_pushes_at_arrival_times_then_closes():

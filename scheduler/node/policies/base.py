@@ -9,7 +9,9 @@ from ..topology import Group, Node
 
 class NodePolicy:
     """Base class: ``schedule(view) -> NodePlan`` whenever devices are idle and something
-    changed; ``observe(report)`` after every job (feeds the step-time correction)."""
+    changed; ``observe(report)`` after every job (feeds the step-time correction);
+    ``forget(request_id)`` when the loop drops a cancelled request (never finished, so no
+    report names it)."""
 
     name = "base"
 
@@ -19,6 +21,9 @@ class NodePolicy:
 
     def schedule(self, view: NodeView) -> NodePlan:
         raise NotImplementedError
+
+    def forget(self, request_id: str) -> None:
+        """Drop what the policy keeps about a request that will never finish."""
 
     def observe(self, report) -> None:
         self.ncost.observe_step(

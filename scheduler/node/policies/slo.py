@@ -574,8 +574,11 @@ class NodeSloPolicy(NodePolicy):
         window = c.req.deadline - c.req.arrival
         return now - c.req.deadline > self.aging * window
 
+    def forget(self, request_id: str) -> None:
+        self._static.pop(request_id, None)
+        self.shadow.forget(request_id)
+
     def observe(self, report) -> None:
         super().observe(report)
         for rid in report.finished:
-            self._static.pop(rid, None)
-            self.shadow.forget(rid)
+            self.forget(rid)
