@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ditmem.deploy.errors import rebuild_error
+from ditmem.engine.admission import scheduled
 from ditmem.engine.results import EngineFault, EngineStopped, RequestCancelled, Ticket
 from ditmem.engine.stats import EngineStats
-from ditmem.scheduler import CostModel, Request
+from ditmem.scheduler import CostModel
 from ditmem.scheduler.routing import RouteRequest
 
 log = logging.getLogger(__name__)
@@ -132,12 +133,8 @@ class RemoteEngine:
         if self._on_loop():
             raise RuntimeError("RemoteEngine.submit blocks: call it off the event loop")
         now = time.time() if arrival is None else arrival
-        sched = Request(id=request.request_id, arrival=now, model=self.model,
-                        width=request.width, height=request.height,
-                        frames=request.num_frames, steps=request.num_inference_steps,
-                        priority=priority, slo_ms=slo_ms, prompt=request.prompt,
-                        seed=request.seed)
-        self.cost.assign_deadline(sched, self.slo_scale)
+        sched = scheduled(request, self.model, now, priority, slo_ms, self.cost,
+                          self.slo_scale)
         route = RouteRequest(request.request_id, float(sched.standalone_s),
                              int(self.cost.pages_for(sched, self.page_bytes)), priority,
                              float(sched.deadline))

@@ -18,10 +18,10 @@ iterations in a row raise — marks the engine dead: every live request fails wi
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 
+from ditmem.engine.admission import check_standalone, pages_needed, scheduled
 from ditmem.engine.executor import PlanExecutor
 from ditmem.engine.handoff import Handoff
 from ditmem.engine.intake import Intake
@@ -29,16 +29,12 @@ from ditmem.engine.jobs import Job, Phase
 from ditmem.engine.results import (
     EngineFault,
     EngineStopped,
-    InvalidRequest,
     QueueFull,
     RequestCancelled,
-    RequestTooLarge,
     Ticket,
-    TooSlow,
 )
 from ditmem.engine.timing import Timing
 from ditmem.models.common.request import GenerationRequest
-from ditmem.scheduler import Request
 
 #: (tile, stride) pixels of a tiled decode when none is given.
 DEFAULT_DECODE_TILE = (256, 224)
@@ -46,9 +42,6 @@ DEFAULT_DECODE_TILE = (256, 224)
 MAX_FAILURES = 3
 
 log = logging.getLogger(__name__)
-_FIELD = re.compile(r"^request\.(\w+):")
-
-
 def check_decode(generator, decode: str, decode_workers: int, decode_tile) -> None:
     """ValueError for a decode setup the engine cannot run (names the setting)."""
     from ditmem.models.common.tiled_decode import supports_tiled_decode
@@ -133,29 +126,11 @@ class Engine:
             raise EngineStopped("the server is shutting down and takes no new requests")
         if not request.request_id:
             raise ValueError("request_id: must be a non-empty string")
-        try:
-            need = int(self.gen.estimate_pages(request, self.pool.page_bytes))
-        except ValueError as exc:
-            match = _FIELD.match(str(exc))
-            raise InvalidRequest(str(exc).removeprefix("request."),
-                                 match.group(1) if match else None) from None
-        if need > self.pool.num_pages:
-            raise RequestTooLarge(
-                f"size: a {request.width}x{request.height}x{request.num_frames} request needs "
-                f"{need} pages of {self.pool.page_bytes} bytes, the pool has "
-                f"{self.pool.num_pages} (raise --pool-mb or ask for a smaller size)", "size")
+        need = pages_needed(self.gen, request, self.pool.page_bytes, self.pool.num_pages)
         now = self.clock() if arrival is None else arrival
-        sched = Request(id=request.request_id, arrival=now, model=self.model,
-                        width=request.width, height=request.height,
-                        frames=request.num_frames, steps=request.num_inference_steps,
-                        priority=priority, slo_ms=slo_ms, prompt=request.prompt,
-                        seed=request.seed)
-        self.cost.assign_deadline(sched, self.slo_scale)
-        if max_standalone_s is not None and sched.standalone_s > max_standalone_s:
-            raise TooSlow(f"request: estimated {sched.standalone_s:.1f} s alone on this device "
-                          f"(cost model), over the server's limit of {max_standalone_s:g} s "
-                          "(--max-request-s): ask for fewer steps, pixels or frames",
-                          sched.standalone_s, max_standalone_s)
+        sched = scheduled(request, self.model, now, priority, slo_ms, self.cost,
+                          self.slo_scale)
+        check_standalone(sched, max_standalone_s, "this device")
         slo = 1000.0 * (sched.deadline - sched.arrival)
         ticket = Ticket(request.request_id, priority, slo)
         job = Job(gen=request, sched=sched, ticket=ticket, timing=Timing(arrival=now),

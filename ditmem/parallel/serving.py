@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ditmem.engine.admission import check_standalone, pages_needed, scheduled
 from ditmem.engine.results import (
     EngineFault,
     EngineStopped,
@@ -36,9 +37,7 @@ from ditmem.engine.results import (
     QueueFull,
     RequestCancelled,
     RequestFailed,
-    RequestTooLarge,
     Ticket,
-    TooSlow,
 )
 from ditmem.engine.stats import EngineStats
 from ditmem.engine.timing import Timing
@@ -139,30 +138,12 @@ class NodeService:
             raise EngineStopped("the server is shutting down and takes no new requests")
         if not request.request_id:
             raise ValueError("request_id: must be a non-empty string")
-        page_bytes = self.node.page_bytes
-        try:
-            need = int(self.gen.estimate_pages(request, page_bytes))
-        except ValueError as exc:
-            text = str(exc).removeprefix("request.")
-            raise InvalidRequest(text, text.split(":")[0] if ":" in text else None) from None
-        pool = self.node.pool_pages
-        if need > pool:
-            raise RequestTooLarge(
-                f"size: a {request.width}x{request.height}x{request.num_frames} request needs "
-                f"{need} pages of {page_bytes} bytes, a device pool has {pool} (raise "
-                "--pool-mb or ask for a smaller size)", "size")
+        pages_needed(self.gen, request, self.node.page_bytes, self.node.pool_pages,
+                     "a device pool")
         now = self.devices.now() if arrival is None else arrival
-        sched = Request(id=request.request_id, arrival=now, model=self.model,
-                        width=request.width, height=request.height,
-                        frames=request.num_frames, steps=request.num_inference_steps,
-                        priority=priority, slo_ms=slo_ms, prompt=request.prompt,
-                        seed=request.seed)
-        self.cost.assign_deadline(sched, self.slo_scale)
-        if max_standalone_s is not None and sched.standalone_s > max_standalone_s:
-            raise TooSlow(f"request: estimated {sched.standalone_s:.1f} s alone on one device "
-                          f"(cost model), over the server's limit of {max_standalone_s:g} s "
-                          "(--max-request-s): ask for fewer steps, pixels or frames",
-                          sched.standalone_s, max_standalone_s)
+        sched = scheduled(request, self.model, now, priority, slo_ms, self.cost,
+                          self.slo_scale)
+        check_standalone(sched, max_standalone_s, "one device")
         ticket = Ticket(request.request_id, priority, 1000.0 * (sched.deadline - now))
         live = _Live(request, sched, ticket, Timing(arrival=now))
         with self._lock:
