@@ -78,3 +78,21 @@ def metric(text: str, name: str, labels: str = "") -> float:
         if key == want:
             return float(value)
     raise KeyError(f"no sample {want!r}")
+
+
+def generate_alone(generator, request, page_bytes: int, pages: int = 512):
+    """``request`` through ``generator`` alone (encode, every step, decode) on one torch
+    thread, as a node's worker computes: the single-device reference of node tests."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        state = generator.encode(request, PagePool(pages, page_bytes))
+        while not generator.is_done(state):
+            generator.step([state])
+        out = generator.decode(state)
+        generator.release(state)
+        return out
+    finally:
+        torch.set_num_threads(threads)

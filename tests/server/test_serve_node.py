@@ -16,12 +16,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
-from harness import running_app
+from harness import generate_alone, running_app
 from PIL import Image
 
 from ditmem import models
-from ditmem.memory import PagePool
 from ditmem.models.common.request import GenerationRequest
 from ditmem.parallel.node import NodeEngine
 from ditmem.parallel.serving import NodeService
@@ -56,20 +54,9 @@ def _image(b64: str) -> np.ndarray:
 
 def _reference(generator, prompt: str, side: int, seed: int) -> np.ndarray:
     """The single-device generator alone (one torch thread, as a worker computes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pool = PagePool(512, PAGE)
-        req = GenerationRequest(prompt, width=side, height=side, num_inference_steps=STEPS,
-                                seed=seed, request_id=f"ref-{seed}")
-        state = generator.encode(req, pool)
-        while not generator.is_done(state):
-            generator.step([state])
-        image = generator.decode(state)
-        generator.release(state)
-        return image
-    finally:
-        torch.set_num_threads(threads)
+    return generate_alone(generator, GenerationRequest(
+        prompt, width=side, height=side, num_inference_steps=STEPS, seed=seed,
+        request_id=f"ref-{seed}"), PAGE)
 
 
 def _pages(service) -> dict[int, int]:

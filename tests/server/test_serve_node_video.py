@@ -10,11 +10,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-import torch
-from harness import running_app
+from harness import generate_alone, running_app
 
 from ditmem import models
-from ditmem.memory import PagePool
 from ditmem.models.common.request import GenerationRequest
 from ditmem.parallel.node import NodeEngine
 from ditmem.parallel.serving import NodeService
@@ -62,21 +60,9 @@ def _decode_mp4(data: bytes) -> np.ndarray:
 
 
 def _reference(generator, seed: int) -> np.ndarray:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pool = PagePool(512, PAGE)
-        req = GenerationRequest("waves at night", width=SIDE, height=SIDE,
-                                num_inference_steps=STEPS, seed=seed, num_frames=FRAMES,
-                                request_id=f"ref-{seed}")
-        state = generator.encode(req, pool)
-        while not generator.is_done(state):
-            generator.step([state])
-        video = generator.decode(state)
-        generator.release(state)
-        return video
-    finally:
-        torch.set_num_threads(threads)
+    return generate_alone(generator, GenerationRequest(
+        "waves at night", width=SIDE, height=SIDE, num_inference_steps=STEPS, seed=seed,
+        num_frames=FRAMES, request_id=f"ref-{seed}"), PAGE)
 
 
 def test_a_video_job_on_a_node_equals_the_single_device_frames(served, generator):
