@@ -44,12 +44,24 @@ def parse_args(argv=None):
     p.add_argument("--report-s", type=float, default=5.0)
     p.add_argument("--noise", type=float, default=0.03)
     p.add_argument("--settings", choices=("target", "context", "all"), default="target")
+    p.add_argument("--setting", action="append", default=[], metavar="W,ARRIVAL,RHO,SLO",
+                   help="run this setting instead (repeatable), e.g. omni-mix,gamma:2,1.2,3")
     p.add_argument("--json", default=None, help="write every row here")
     return p.parse_args(argv)
 
 
-def settings(which: str) -> list[tuple[str, str, float, float]]:
-    return {"target": TARGET, "context": CONTEXT, "all": TARGET + CONTEXT}[which]
+def settings(which: str, extra=()) -> list[tuple[str, str, float, float]]:
+    """The named group, or the ``--setting`` strings when given (ValueError naming a bad
+    one)."""
+    out = []
+    for spec in extra:
+        parts = spec.split(",")
+        try:
+            name, arrival, rho, slo = parts
+            out.append((name, arrival, float(rho), float(slo)))
+        except ValueError:
+            raise ValueError(f"--setting: W,ARRIVAL,RHO,SLO, got {spec!r}") from None
+    return out or {"target": TARGET, "context": CONTEXT, "all": TARGET + CONTEXT}[which]
 
 
 def run(args) -> list[dict]:
@@ -58,7 +70,7 @@ def run(args) -> list[dict]:
 
     cost = CostModel.load("h200")
     rows = []
-    for name, arrival, load, slo_scale in settings(args.settings):
+    for name, arrival, load, slo_scale in settings(args.settings, args.setting):
         for router in ROUTERS:
             t0 = time.process_time()
             row = run_cluster_point(
@@ -110,7 +122,11 @@ def main(argv=None) -> int:
     if args.seeds < 1 or args.requests < 1:
         log.error("--seeds and --requests must be >= 1")
         return 2
-    rows = run(args)
+    try:
+        rows = run(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     sys.stdout.write(f"{args.replicas} replicas x {args.devices} h200, node policy slo, "
                      f"{args.seeds} seeds x {args.requests} requests, reports every "
                      f"{args.report_s:g} s, noise {args.noise:g}; {platform.node()} "
