@@ -5,9 +5,9 @@ when the profile lacks them, and a started :class:`~ditmem.parallel.serving.Node
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
+from ditmem.parallel.node_profile import measure_node_sections
 from ditmem.parallel.serving import NodeService
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ def build_node_service(config, devices: int, *, policy_options: dict | None = No
                       model_kwargs={"dtype": config.dtype})
     try:
         if "parallel" not in profile or "links" not in profile:
-            _measure_node_sections(node, profile, key, parallel_sides, log)
-        if "move_latency_s" not in profile["links"]:
+            measure_node_sections(node, profile, key, parallel_sides, log,
+                                  tool="ditmem serve --devices")
+        elif "move_latency_s" not in profile["links"]:
             from ditmem.parallel.move_latency import add_move_latency
 
             add_move_latency(node, profile["links"], log)
@@ -90,22 +91,3 @@ def _node_profile(config, gen, key: str) -> dict:
         return load_profile(choice)
     with open(choice) as f:
         return json.load(f)
-
-
-def _measure_node_sections(node, profile: dict, key: str, sides, log) -> None:
-    """Add the ``parallel`` (speed-up per degree, checked plausible) and ``links`` sections
-    measured on the node's workers now."""
-    from ditmem.parallel.speedup import calibrate, speedup_table
-    from ditmem.scheduler.models import tokens_for
-
-    log(f"node: measuring the speed-up per degree (sides {list(sides)}) and the peer link ...")
-    rows = calibrate(node, list(sides), 5, clock="wall", report=log,
-                     tokens_for=lambda s: tokens_for(key, s, s, 1))
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    profile["parallel"] = {key: speedup_table(rows, f"measured by ditmem serve --devices "
-                                                    f"{node.num_devices}, {when}; wall time",
-                                              "wall")}
-    host = profile["host_link_bytes_per_s"]
-    profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
-                        "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
-                        "source": f"measured by ditmem serve --devices, {when}"}

@@ -27,8 +27,7 @@ def _profile(args, node, log) -> dict:
     node's ``parallel`` and ``links`` sections measured on the workers (kept as they are
     when the given JSON has them: a saved demo profile replays the same run)."""
     from ditmem import models
-    from ditmem.parallel.speedup import CalibrationError, calibrate, speedup_table
-    from ditmem.scheduler.models import tokens_for
+    from ditmem.parallel.node_profile import measure_node_sections
     from ditmem.scheduler.workloads import MIXES
     from ditmem.tools.profile import measure_profile
 
@@ -55,36 +54,10 @@ def _profile(args, node, log) -> dict:
                 + ")")
             return profile
     key = next(iter(profile["models"]))
-    log(f"measuring the speed-up per degree on {node.num_devices} devices (at least "
-        f"{CALIBRATION_ROUNDS} rounds of 2 steps per side, checked for plausibility) ...")
-    clock = getattr(args, "parallel_clock", "cpu")
-    try:
-        rows = calibrate(node, sides, CALIBRATION_ROUNDS, clock=clock, report=log,
-                         tokens_for=lambda s: tokens_for(key, s, s, 1))
-    except CalibrationError as exc:
-        if not exc.waited_only:
-            raise
-        log(f"the {clock}-time table is refused only because the degree-2 ranks waited for "
-            "cores (wall time far below it): measuring on wall time instead, which is what "
-            "the replays will see on this machine now")
-        clock = "wall"
-        rows = calibrate(node, sides, CALIBRATION_ROUNDS, clock=clock, report=log,
-                         tokens_for=lambda s: tokens_for(key, s, s, 1))
+    rows = measure_node_sections(node, profile, key, sides, log, tool="ditmem demo --devices",
+                                 rounds=CALIBRATION_ROUNDS,
+                                 clock=getattr(args, "parallel_clock", "cpu"))
     check_against_profile(rows, profile, key, log)
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    rounds = sorted({r["rounds"] for r in rows})
-    profile["parallel"] = {key: speedup_table(
-        rows, f"measured by ditmem demo --devices {node.num_devices}, {when}; {clock} "
-              f"time, median of {rounds[0]}-{rounds[-1]} interleaved rounds of 2 steps, "
-              "checked plausible", clock)}
-    profile["parallel"][key]["measured"] = rows
-    host = profile["host_link_bytes_per_s"]
-    profile["links"] = {"device_bytes_per_s": node.peer_link_rate(),
-                        "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
-                        "source": f"measured by ditmem demo --devices, {when}"}
-    from ditmem.parallel.move_latency import add_move_latency
-
-    add_move_latency(node, profile["links"], log)
     with open(args.profile_out, "w") as f:
         json.dump(profile, f, indent=2)
     log(f"profile: {args.profile_out} (speed-up at degree 2: "
