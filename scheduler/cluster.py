@@ -18,8 +18,11 @@ behind earlier-deadline work does no work while the clock runs, and one running 
 k does k devices' work; "standalone less the time since it started" got both wrong
 (docs/results/deploy.md, "Session 5").
 
-Once every request is placed, each replica's requests are simulated once more, to the end:
-those records are the result.
+Once every request is placed, each replica runs to the end: those records are the result.
+A node replica runs once, fed live (:class:`.cluster_replica.SteppedNode`: the cost grows
+with the requests, not their square); any other replica simulation can be re-run from
+t = 0 at each report (:class:`.cluster_replica.Resimulated`), which gives the same
+reports because the simulators are causal.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .request import Request
 from .routing import ReplicaLoad, RouteRequest, RoutingBook, load_of
@@ -53,10 +57,22 @@ class ReplicaRun:
 ReplicaSim = Callable[[list[Request], int], ReplicaRun]
 
 
+class SimReplica(Protocol):
+    """One replica's simulation as the cluster drives it: ``add`` a routed request (in
+    arrival order, none before the last ``advance``), ``advance(t)`` to a report epoch (its
+    state then), ``finish()`` every record once all are routed."""
+
+    def add(self, request: Request) -> None: ...
+
+    def advance(self, t: float) -> ReplicaRun: ...
+
+    def finish(self) -> list: ...
+
+
 @dataclass(slots=True)
 class ClusterResult:
     """Every request's record (pooled over replicas), which replica each request went to,
-    and how many report refreshes the run took."""
+    and how many replica reports the run read (replicas x report epochs)."""
 
     records: list
     placement: dict[str, int]
@@ -79,12 +95,16 @@ def report_at(run: ReplicaRun, replica: str, t: float, devices: int,
 
 
 def simulate_cluster(requests: Sequence[Request], replicas: int, router,
-                     run_replica: ReplicaSim, *, devices: int = 1, report_s: float = 10.0,
+                     make_replica: Callable[[int], SimReplica], *, devices: int = 1,
+                     report_s: float = 10.0,
                      pages_for: Callable[[Request], int] | None = None) -> ClusterResult:
     """Route ``requests`` (deadlines and standalone times set) over ``replicas`` replicas
-    with ``router`` (``choose(route, loads, book, now)``: :func:`.routing.make_router`) and
-    simulate each replica with ``run_replica``. ``devices``: devices per replica (the unit
-    of its reports); ``report_s``: seconds between reports."""
+    with ``router`` (``choose(route, loads, book, now)``: :func:`.routing.make_router`);
+    ``make_replica(index)`` gives each replica's simulation (:class:`SimReplica`:
+    :class:`.cluster_replica.SteppedNode` for a node run once, fed live, or
+    :class:`.cluster_replica.Resimulated` for any ``run_replica(requests, index)`` run
+    anew at each report). ``devices``: devices per replica (the unit of its reports);
+    ``report_s``: seconds between reports."""
     if replicas < 1:
         raise ValueError(f"replicas: must be >= 1, got {replicas}")
     if not report_s > 0:
@@ -94,8 +114,7 @@ def simulate_cluster(requests: Sequence[Request], replicas: int, router,
         if r.deadline is None or r.standalone_s is None:
             raise ValueError(f"request {r.id!r}: assign a deadline first (cost.assign_deadline)")
     names = [f"replica-{i}" for i in range(replicas)]
-    assigned: list[list[Request]] = [[] for _ in range(replicas)]
-    simulated: list[tuple[int, ReplicaRun]] = [(0, ReplicaRun([])) for _ in range(replicas)]
+    sims = [make_replica(i) for i in range(replicas)]
     loads = [ReplicaLoad(n, (0.0, 0.0, 0.0), (None, None, None), 2**31, 2**31, 0,
                          -math.inf, 1.0 / devices, devices) for n in names]
     book = RoutingBook()
@@ -106,17 +125,16 @@ def simulate_cluster(requests: Sequence[Request], replicas: int, router,
         if latest > epoch and getattr(router, "uses_reports", True):
             epoch = latest
             for i in range(replicas):
-                if simulated[i][0] != len(assigned[i]):
-                    simulated[i] = (len(assigned[i]), run_replica(list(assigned[i]), i))
-                    refreshes += 1
-                loads[i] = report_at(simulated[i][1], names[i], epoch, devices)
+                loads[i] = report_at(sims[i].advance(epoch), names[i], epoch, devices)
+                refreshes += 1
         pages = pages_for(req) if pages_for is not None else 0
         route = RouteRequest(req.id, req.standalone_s, pages, req.priority, req.deadline)
         name = router.choose(route, loads, book, req.arrival)
         index = names.index(name)
-        assigned[index].append(req)
+        sims[index].add(req)
         placement[req.id] = index
     records = []
-    for i in range(replicas):
-        records += run_replica(list(assigned[i]), i).records if assigned[i] else []
+    for sim in sims:
+        records += sim.finish()
+    records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
     return ClusterResult(records, placement, refreshes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .cli import SIM_ERRORS, fail, write_rows
 from .cluster import ReplicaRun, simulate_cluster
+from .cluster_replica import Resimulated, SteppedNode
 from .cost import CostModel
 from .metrics import summarize
 from .noise import TimingNoise
@@ -48,11 +49,15 @@ class StepLog:
 def run_cluster_point(cost: CostModel, name: str, router: str, *, replicas: int, devices: int,
                       policy: str, load: float, seeds, arrival: str, slo_scale: float,
                       noise: float, bias: float, report_s: float, requests: int | None,
-                      scale: str = "gpu") -> dict:
-    """One router at one load, seeds pooled: ``summarize``'s fields plus the setting."""
+                      scale: str = "gpu", stepped: bool = True) -> dict:
+    """One router at one load, seeds pooled: ``summarize``'s fields plus the setting.
+    ``stepped``: each node replica runs once, fed live (:class:`.cluster_replica.SteppedNode`);
+    False: re-simulated from t = 0 at every report (the same figures, the square of the
+    time; the reference the stepped run is tested against)."""
     from .node.cost import NodeCost
+    from .node.device import VirtualDevices
     from .node.policies import make_node_policy
-    from .node.simulator import simulate_node
+    from .node.simulator import run_node, simulate_node
     from .node.topology import Node
 
     records, refreshes = [], 0
@@ -60,16 +65,30 @@ def run_cluster_point(cost: CostModel, name: str, router: str, *, replicas: int,
         reqs = workload(name, cost, load=load * replicas * devices, requests=requests,
                         seed=seed, arrival=arrival, slo_scale=slo_scale, scale=scale)
 
-        def run_replica(assigned, index, seed=seed):
+        def node_policy(index, seed=seed):
             ncost = NodeCost(cost)
             node = Node(devices, ncost.links)
             pol = StepLog(make_node_policy(policy, ncost, node))
-            jitter = TimingNoise(noise, bias, 1000 * seed + index)
-            records = simulate_node(assigned, pol, node, noise=jitter,
-                                    slo_scale=slo_scale).records
-            return ReplicaRun(records, pol.progress)
+            return pol, node, TimingNoise(noise, bias, 1000 * seed + index)
 
-        result = simulate_cluster(reqs, replicas, make_router(router, seed), run_replica,
+        def run_replica(assigned, index):
+            pol, node, jitter = node_policy(index)
+            out = simulate_node(assigned, pol, node, noise=jitter, slo_scale=slo_scale)
+            return ReplicaRun(out.records, pol.progress)
+
+        def stepped_replica(index, model=reqs[0].model):
+            pol, node, jitter = node_policy(index)
+            truth = NodeCost(pol.ncost.cost, pol.ncost.parallel)  # as simulate_node builds it
+
+            def run(intake, held, on_record):
+                return run_node(intake, pol, held, node, truth, slo_scale=slo_scale,
+                                on_record=on_record)
+
+            return SteppedNode(run, model, VirtualDevices(truth, jitter, node.devices),
+                               pol.progress)
+
+        make = stepped_replica if stepped else (lambda i: Resimulated(run_replica, i))
+        result = simulate_cluster(reqs, replicas, make_router(router, seed), make,
                                   devices=devices, report_s=report_s)
         records += result.records
         refreshes += result.refreshes

@@ -8,6 +8,7 @@ import pytest
 from ditmem.scheduler import CostModel, Request
 from ditmem.scheduler.cluster import ReplicaRun, report_at, simulate_cluster
 from ditmem.scheduler.cluster_cli import run_cluster_point
+from ditmem.scheduler.cluster_replica import Resimulated
 from ditmem.scheduler.routing import make_router
 
 
@@ -59,6 +60,10 @@ def edf(assigned, index):
     return ReplicaRun(out, progress)
 
 
+def resim(index):
+    return Resimulated(edf, index)
+
+
 def test_a_report_at_t_uses_nothing_after_t():
     a, b = req("a", 0.0, 10.0), req("b", 1.0, 2.0, priority=2, slack=200.0)
     c = req("c", 5.0, 1.0)
@@ -99,7 +104,7 @@ def trace():
 
 
 def test_ditmem_keeps_urgent_work_off_a_replica_where_it_would_make_another_late():
-    res = simulate_cluster(trace(), 2, make_router("ditmem"), edf, report_s=100.0)
+    res = simulate_cluster(trace(), 2, make_router("ditmem"), resim, report_s=100.0)
     # s1 on replica 0 would run first (earlier deadline) and push big to 11 > 10.5
     assert res.placement == {"big": 0, "s1": 1, "s2": 1}
     latency = {r.request.id: r.finished - r.request.arrival for r in res.records}
@@ -108,7 +113,7 @@ def test_ditmem_keeps_urgent_work_off_a_replica_where_it_would_make_another_late
 
 
 def test_round_robin_puts_one_ahead_of_the_big_request():
-    res = simulate_cluster(trace(), 2, make_router("round-robin"), edf, report_s=100.0)
+    res = simulate_cluster(trace(), 2, make_router("round-robin"), resim, report_s=100.0)
     assert res.placement == {"big": 0, "s1": 1, "s2": 0}
     latency = {r.request.id: r.finished - r.request.arrival for r in res.records}
     # s2 preempts big on replica 0 (deadline 4 < 10.5): big ends at 11, past 10.5
@@ -116,11 +121,30 @@ def test_round_robin_puts_one_ahead_of_the_big_request():
     assert res.refreshes == 0  # round-robin reads no reports
 
 
-def test_reports_refresh_once_per_period_for_replicas_that_changed():
-    res = simulate_cluster(trace(), 2, make_router("ditmem"), edf, report_s=1.0)
-    # epochs 0 (nothing routed yet) and 1 (after big and s1): both replicas re-simulated
-    assert res.refreshes == 2
+def test_reports_refresh_once_per_period_and_resimulate_only_replicas_that_changed():
+    made = []
+
+    def make(i):
+        made.append(Resimulated(edf, i))
+        return made[-1]
+
+    res = simulate_cluster(trace(), 2, make_router("ditmem"), make, report_s=1.0)
+    # epochs 0 (nothing routed yet) and 1 (after big and s1): two reports per replica,
+    # each replica simulated at epoch 1 only
+    assert res.refreshes == 4 and [m.runs for m in made] == [1, 1]
     assert sorted(r.request.id for r in res.records) == ["big", "s1", "s2"]
+
+
+@pytest.mark.parametrize("router", ["ditmem", "pow2"])
+def test_a_node_run_once_fed_live_equals_one_resimulated_at_every_report(router):
+    # the reference: every replica re-simulated from t = 0 at each report (causal)
+    cost = CostModel.load("h200")
+    rows = [run_cluster_point(cost, "omni-mix", router, replicas=3, devices=4,
+                              policy="slo", load=0.85, seeds=(3,), arrival="gamma:2",
+                              slo_scale=3.0, noise=0.03, bias=0.0, report_s=2.0,
+                              requests=80, stepped=stepped)
+            for stepped in (True, False)]
+    assert rows[0] == rows[1]
 
 
 def test_nodes_behind_each_router_finish_every_request():
@@ -135,8 +159,8 @@ def test_nodes_behind_each_router_finish_every_request():
 
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="replicas"):
-        simulate_cluster(trace(), 0, make_router("ditmem"), edf)
+        simulate_cluster(trace(), 0, make_router("ditmem"), resim)
     with pytest.raises(ValueError, match="report_s"):
-        simulate_cluster(trace(), 2, make_router("ditmem"), edf, report_s=0.0)
+        simulate_cluster(trace(), 2, make_router("ditmem"), resim, report_s=0.0)
     with pytest.raises(ValueError, match="deadline"):
-        simulate_cluster([Request(id="x", arrival=0.0)], 2, make_router("ditmem"), edf)
+        simulate_cluster([Request(id="x", arrival=0.0)], 2, make_router("ditmem"), resim)
