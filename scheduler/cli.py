@@ -138,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _options(items: list[str]) -> dict[str, dict]:
+def parse_options(items: list[str]) -> dict[str, dict]:
+    """``--opt POLICY.KEY=VALUE`` items as {policy: {key: value}} (VALUE is JSON, or None)."""
     out: dict[str, dict] = {}
     for item in items:
         try:
@@ -165,7 +166,7 @@ def _scenario(args) -> Scenario:
         slo_scale=args.slo_scale,
         scale=args.scale,
         seeds=seeds,
-        policy_options=_options(args.opt),
+        policy_options=parse_options(args.opt),
         preemption=args.preemption,
         block_chunk=args.block_chunk,
         decode=args.decode,
@@ -245,7 +246,7 @@ def main(args) -> int:
         from .node.cli import node_main
 
         try:
-            options = _options(args.opt)
+            options = parse_options(args.opt)
         except ValueError as exc:
             return fail(exc)
         return node_main(args, options)

@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/serving/bench_serving.py [--quick] [--json OUT]
     .venv/bin/python benchmarks/serving/bench_serving.py --mix omni-random [--quick] [--json OUT]
+    .venv/bin/python benchmarks/serving/bench_serving.py --mix omni-random --runs fifo,slo,slo:packing=0
 
 ``--mix workload`` (default): ``--workload`` (seed-mix) ÷ ``--divisor``, SLO = 3 × the
 committed profile's standalone time, sent to the server as ``slo_ms``.
@@ -42,7 +43,14 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROFILE = os.path.join(ROOT, "benchmarks/serving/cpu-tiny-measured.json")
 OMNI_SIDES = "128,256,512"
-POLICIES = ("fifo", "slo")
+#: the runs, one server each: a policy, optionally with options (``slo:packing=0``)
+DEFAULT_RUNS = "fifo,slo"
+
+
+def parse_run(label: str) -> tuple[str, list[str]]:
+    """``"slo:packing=0;tail=\"fifo\""`` -> ("slo", ["slo.packing=0", 'slo.tail="fifo"'])."""
+    policy, _, rest = label.partition(":")
+    return policy, [f"{policy}.{kv}" for kv in rest.split(";") if kv]
 
 
 def free_port() -> int:
@@ -51,15 +59,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(policy: str, port: int, profile: str, args, env: dict) -> subprocess.Popen:
+def start_server(run: str, port: int, profile: str, args, env: dict) -> subprocess.Popen:
+    policy, opts = parse_run(run)
     cmd = [sys.executable, "-m", "ditmem.cli", "serve", "--policy", policy, "--port", str(port),
            "--profile", profile, "--pool-mb", str(args.pool_mb), "--log-level", "warning",
            "--decode-workers", str(args.decode_workers)]
+    cmd += [a for opt in opts for a in ("--opt", opt)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server for {policy} exited with {proc.returncode} at start")
+            raise RuntimeError(f"server for {run} exited with {proc.returncode} at start")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
                 return proc
@@ -67,7 +77,7 @@ def start_server(policy: str, port: int, profile: str, args, env: dict) -> subpr
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"server for {policy} did not start in {args.start_timeout:.0f} s")
+    raise RuntimeError(f"server for {run} did not start in {args.start_timeout:.0f} s")
 
 
 def bench_command(url: str, profile: str, out: str, args) -> list[str]:
@@ -141,8 +151,15 @@ def main() -> int:
     p.add_argument("--decode-workers", type=int, default=0)
     p.add_argument("--start-timeout", type=float, default=300.0,
                    help="seconds a server may take to start (a measurement included)")
+    p.add_argument("--runs", default=DEFAULT_RUNS,
+                   help="comma-separated runs, one server each, in this order: a policy, "
+                        "optionally with its options as POLICY:KEY=VALUE;KEY=VALUE (e.g. "
+                        "fifo,slo,slo:packing=0); fifo must be one (the ratios' baseline)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    runs_list = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if "fifo" not in runs_list or len(set(runs_list)) != len(runs_list):
+        p.error(f"--runs: fifo must be one of the runs, each once; got {args.runs!r}")
     if args.requests is None:
         args.requests = 40 if args.quick else (200 if args.mix == "omni-random" else 150)
     started = time.monotonic()
@@ -155,7 +172,7 @@ def main() -> int:
             server_profile, client_profile = "measure", None
         else:
             server_profile = client_profile = PROFILE
-        for n, pol in enumerate(POLICIES):
+        for n, pol in enumerate(runs_list):
             runs[pol], client_profile = run_policy(pol, server_profile, client_profile, args,
                                                    env)
             results[pol] = runs[pol]["summary"]
@@ -164,49 +181,53 @@ def main() -> int:
         with open(client_profile) as f:
             profile_data = json.load(f)  # kept: the temporary cache goes with the run
     wall = time.monotonic() - started
-    print_table(args, results, runs, client_profile, wall)
+    print_table(args, runs_list, results, runs, client_profile, wall)
     ratios = {f"{q}_ratio": results["slo"][f"{q}_s"] / results["fifo"][f"{q}_s"]
-              for q in ("p95", "p99")}
+              for q in ("p95", "p99") if "slo" in results}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "profile": client_profile,
                        "profile_data": profile_data, "wall_s": wall,
                        "results": results, **ratios,
-                       "runs": {pol: runs[pol] for pol in POLICIES}}, f, indent=2)
+                       "runs": {pol: runs[pol] for pol in runs_list}}, f, indent=2)
         print(f"json: {args.json}")
     return 0
 
 
-def print_table(args, results: dict, runs: dict, profile: str, wall: float) -> None:
+def print_table(args, runs_list: list[str], results: dict, runs: dict, profile: str,
+                wall: float) -> None:
     src = (f"omni-random {OMNI_SIDES} x {args.steps} steps, client-side SLO (warm-up)"
            if args.mix == "omni-random" else f"{args.workload} /{args.divisor}")
     print(f"{src}, {args.requests} requests, Poisson load {args.load} on {profile}, HTTP, "
           f"seed {args.seed}, {wall:.0f} s in all")
-    print(f"{'':26}" + "".join(f"{pol:>12}" for pol in POLICIES))
+    print(f"{'':26}" + "".join(f"{pol:>16}" for pol in runs_list))
     rows = [("SLO attainment", "slo_attainment", True), ("P50 (s)", "p50_s", False),
             ("P95 (s)", "p95_s", False), ("P99 (s)", "p99_s", False), ("max (s)", "max_s", False),
             ("mean (s)", "mean_s", False), ("failed", "failed", False),
             ("pages used after", "pages_used_after", False)]
     for label, key, pct in rows:
-        vals = [results[pol][key] for pol in POLICIES]
-        print(f"{label:26}" + "".join(f"{100 * v:11.1f}%" if pct else f"{v:12.3f}"
+        vals = [results[pol][key] for pol in runs_list]
+        print(f"{label:26}" + "".join(f"{100 * v:15.1f}%" if pct else f"{v:16.3f}"
                                       for v in vals))
     if args.mix == "omni-random":
-        units = [runs[pol]["warmup"]["unit_s"] for pol in POLICIES]
-        print(f"{'warm-up unit (us)':26}" + "".join(f"{1e6 * u:12.2f}" for u in units))
+        units = [runs[pol]["warmup"]["unit_s"] for pol in runs_list]
+        print(f"{'warm-up unit (us)':26}" + "".join(f"{1e6 * u:16.2f}" for u in units))
         mean = sum(units) / len(units)
-        for pol in POLICIES:
+        for pol in runs_list:
             results[pol]["attainment_common_slo"] = common_attainment(runs[pol], mean)
         print(f"{'attainment, one SLO':26}" + "".join(
-            f"{100 * results[pol]['attainment_common_slo']:11.1f}%" for pol in POLICIES))
+            f"{100 * results[pol]['attainment_common_slo']:15.1f}%" for pol in runs_list))
     else:
         for prio, name in (("0", "high"), ("1", "normal"), ("2", "low")):
-            vals = [results[pol]["per_priority"][prio]["slo_attainment"] for pol in POLICIES]
+            vals = [results[pol]["per_priority"][prio]["slo_attainment"] for pol in runs_list]
             print(f"{'attainment ' + name:26}" + "".join(
-                "           -" if v is None else f"{100 * v:11.1f}%" for v in vals))
-    for q in ("p95", "p99"):
-        ratio = results["slo"][f"{q}_s"] / results["fifo"][f"{q}_s"]
-        print(f"{q.upper()} slo / fifo = {ratio:.3f} ({'<=' if ratio <= 1 else '>'} 1)")
+                "               -" if v is None else f"{100 * v:15.1f}%" for v in vals))
+    for pol in runs_list:
+        if pol == "fifo":
+            continue
+        for q in ("p95", "p99"):
+            ratio = results[pol][f"{q}_s"] / results["fifo"][f"{q}_s"]
+            print(f"{q.upper()} {pol} / fifo = {ratio:.3f} ({'<=' if ratio <= 1 else '>'} 1)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ditmem.engine.loop import Engine
 
@@ -40,7 +40,8 @@ class EngineConfig:
     ``memory_fraction``: page pool = this fraction of the device memory free after the
     weights (default 0.9 on CUDA/NPU; on the CPU: of MemAvailable less the host pool), used
     when ``pool_mb`` is None (64 MB on the CPU when both are None); ``host_memory_gb``: the
-    host pool (default ``host_mb``, else 4x the pool capped at half the free host RAM)."""
+    host pool (default ``host_mb``, else 4x the pool capped at half the free host RAM).
+    ``policy_options``: keyword options of ``policy``'s constructor (``serve --opt``)."""
 
     model: str = "tiny-qwen-image"
     policy: str = "slo"
@@ -60,6 +61,7 @@ class EngineConfig:
     memory_fraction: float | None = None
     host_memory_gb: float | None = None
     profile_frames: int = 1
+    policy_options: dict = field(default_factory=dict)
 
 
 def resolve_decode(choice: str, policy: str, generator) -> tuple[str, bool]:
@@ -181,15 +183,16 @@ def add_model_arguments(p: argparse.ArgumentParser, *, memory: bool = True) -> N
                         "cuda/npu (default 4x the device pool, at most half the free RAM)")
 
 
-def make_policy_and_cost(policy: str, profile):
-    """A fresh ``(policy, cost)`` pair; ``profile`` is a name, a JSON path or a ``CostModel``.
-    The policy predicts with an :class:`ExactPagesCost` over the profile."""
+def make_policy_and_cost(policy: str, profile, options: dict | None = None):
+    """A fresh ``(policy, cost)`` pair; ``profile`` is a name, a JSON path or a ``CostModel``;
+    ``options``: the policy's constructor options. The policy predicts with an
+    :class:`ExactPagesCost` over the profile."""
     from ditmem.engine.accounting import ExactPagesCost
     from ditmem.scheduler import CostModel, make_policy
 
     base = profile if isinstance(profile, CostModel) else CostModel.load(profile)
     cost = ExactPagesCost(base)
-    return make_policy(policy, cost), cost
+    return make_policy(policy, cost, **(options or {})), cost
 
 
 def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
@@ -203,7 +206,7 @@ def build_engine(config: EngineConfig, generator=None, cost=None) -> Engine:
 
         profile = startup_profile(generator, config.model, config.device, config.profile,
                                   frames=config.profile_frames, page_kb=config.page_kb)
-    policy, cost = make_policy_and_cost(config.policy, cost or profile)
+    policy, cost = make_policy_and_cost(config.policy, cost or profile, config.policy_options)
     key = scheduler_model(config.model, generator)
     try:
         cost.max_batch(key)

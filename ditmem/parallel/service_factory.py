@@ -13,7 +13,7 @@ from ditmem.parallel.serving import NodeService
 log = logging.getLogger(__name__)
 
 
-def build_node_service(config, devices: int, *, policy_options: dict | None = None,
+def build_node_service(config, devices: int, *,
                        parallel_sides: tuple[int, ...] = (128, 256, 512),
                        log: Callable[[str], None] = log.warning) -> NodeService:
     """A started :class:`NodeService` for ``ditmem serve --devices N`` (``config``: the
@@ -67,7 +67,7 @@ def build_node_service(config, devices: int, *, policy_options: dict | None = No
         service = NodeService(node, gen, cost, policy=config.policy, model=key,
                               max_active=config.max_active, max_queued=config.max_queued,
                               slo_scale=config.slo_scale, decode_tile=config.decode_tile,
-                              policy_options=policy_options)
+                              policy_options=config.policy_options)
     except BaseException:
         node.close()
         raise

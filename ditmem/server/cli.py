@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen-image",
                    help="tiny-qwen-image | tiny-wan | a diffusers folder")
     p.add_argument("--policy", default="slo", choices=("fifo", "srtf", "slo"))
+    p.add_argument("--opt", action="append", default=[], metavar="POLICY.KEY=VALUE",
+                   help="an option of the served policy, as in `ditmem sim --opt` (VALUE is "
+                        "JSON), e.g. slo.packing=0 (repeatable; checked at start)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get(KEY_ENV),
@@ -93,7 +96,28 @@ def engine_config(args) -> EngineConfig:
                         decode_tile=args.decode_tile, dtype=args.dtype,
                         memory_fraction=args.memory_fraction,
                         host_memory_gb=args.host_memory_gb,
-                        profile_frames=_profile_frames(args))
+                        profile_frames=_profile_frames(args),
+                        policy_options=policy_options(args.opt, args.policy, args.devices > 1))
+
+
+def policy_options(items: list[str], policy: str, node: bool) -> dict:
+    """The served policy's options from ``--opt POLICY.KEY=VALUE`` items; ValueError for a
+    malformed item, an option of another policy, or one the policy does not take."""
+    from ditmem.scheduler.cli import parse_options
+    from ditmem.scheduler.policies import POLICIES, check_options
+
+    given = parse_options(items)
+    others = sorted(set(given) - {policy})
+    if others:
+        raise ValueError(f"--opt: this server runs policy {policy!r}, not {others[0]!r}")
+    options = given.get(policy, {})
+    if node:
+        from ditmem.scheduler.node.policies import NODE_POLICIES
+
+        check_options(policy, NODE_POLICIES[policy], options, positional=2)
+    else:
+        check_options(policy, POLICIES[policy], options)
+    return options
 
 
 def _profile_frames(args) -> int:
@@ -114,6 +138,7 @@ def main(args) -> int:
     try:
         api_key = check_api_key(args.api_key)
         limits = limits_from_args(args)
+        engine_config(args)  # the policy's options, checked before anything starts
     except ValueError as exc:
         raise SystemExit(f"ditmem serve: {exc}") from None
     hosts = [h.strip() for h in args.allowed_hosts.split(",")] if args.allowed_hosts else None
@@ -142,7 +167,10 @@ def main(args) -> int:
         except (ValueError, CalibrationError) as exc:
             raise SystemExit(f"ditmem serve --devices: {exc}") from None
     else:
-        engine = build_engine(engine_config(args)).start()
+        try:
+            engine = build_engine(engine_config(args)).start()
+        except ValueError as exc:
+            raise SystemExit(f"ditmem serve: {exc}") from None
     app = create_app(engine, config)
     status = serve(app, args.host, args.port, args.log_level, engine=engine,
                    drain_timeout_s=args.drain_timeout)
