@@ -3,7 +3,8 @@
 
     .venv/bin/python benchmarks/serving/bench_serving.py [--quick] [--json OUT]
     .venv/bin/python benchmarks/serving/bench_serving.py --mix omni-random [--quick] [--json OUT]
-    .venv/bin/python benchmarks/serving/bench_serving.py --mix omni-random --runs fifo,slo,slo:packing=0
+    .venv/bin/python benchmarks/serving/bench_serving.py --mix omni-random \
+        --runs fifo,slo,slo:packing=0
 
 ``--mix workload`` (default): ``--workload`` (seed-mix) ÷ ``--divisor``, SLO = 3 × the
 committed profile's standalone time, sent to the server as ``slo_ms``.
