@@ -122,7 +122,7 @@ class NodeService:
         #: cancelled mid-job is still encoded or stepped by that job)
         self._gens: dict[str, GenerationRequest] = {}
         self._listeners: list = []
-        self.stats_counts = EngineStats()
+        self.stats_counts = NodeStats()
         self._draining = False
         self._dead: str | None = None
         self._thread: threading.Thread | None = None
@@ -205,11 +205,8 @@ class NodeService:
         """A snapshot: the node's counters and each device's pages (no worker round trip)."""
         with self._lock:
             items = list(self._live.values())
-            c = self.stats_counts
-            s = NodeStats(completed=c.completed, failed=c.failed, cancelled=c.cancelled,
-                          rejected=c.rejected, slo_met=list(c.slo_met),
-                          slo_missed=list(c.slo_missed), steps=c.steps,
-                          preemptions=c.preemptions, draining=self._draining, dead=self._dead)
+            s = self.stats_counts.copy()
+        s.draining, s.dead = self._draining, self._dead
         s.queued = sum(not x.started for x in items)
         s.running = len(items) - s.queued
         pool = self.node.pool_pages
