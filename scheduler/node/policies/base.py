@@ -165,20 +165,22 @@ class Placer:
 
     def _step_s(self, a: Assignment) -> float:
         """Predicted seconds of one step of ``a``'s batch on its group."""
-        started = {s.id: s.request for s in self.view.paused}
-        waiting = self.view.waiting
-        reqs = [started.get(rid) or (waiting.get(rid) if rid in waiting else None)
-                for rid in a.batch]
+        paused, waiting = self._paused_by_id(), self.view.waiting
+        reqs = [paused[rid].request if rid in paused else
+                (waiting.get(rid) if rid in waiting else None) for rid in a.batch]
         reqs = [r for r in reqs if r is not None]
         if not reqs:
             return 0.0
         tokens = [self.ncost.cost.tokens(r) for r in reqs]
         return self.ncost.step_time(reqs[0].model, tokens, a.group.degree)
 
+    def _paused_by_id(self) -> dict[str, NodeStatus]:
+        if self._paused is None:
+            self._paused = {s.id: s for s in self.view.paused}
+        return self._paused
+
     def _reads_outside(self, a: Assignment) -> bool:
-        paused = self._paused
-        if paused is None:
-            paused = self._paused = {s.id: s for s in self.view.paused}
+        paused = self._paused_by_id()
         for rid in (*a.batch, *a.offload):
             s = paused.get(rid)
             if s is not None and s.group is not None and s.group.mask & ~a.group.mask:
