@@ -139,19 +139,27 @@ def png_b64s(results: list) -> list[str]:
 def add_generation_routes(app: FastAPI, engine, config) -> None:
     limits, poll, rules = config.limits, config.disconnect_poll_s, app.state.rules
 
-    @app.post("/v1/images/generations")
-    async def images(request: Request):
-        body = validate(ImageRequest, await json_body(request))
-        spec = build_spec(body, body.prompt, limits, rules, config.defaults,
-                          ignored=list(body.model_extra or {}))
-        tickets = await submit(engine, spec, "img", config, rules)
+    async def generate_pngs(request: Request, spec: GenerationSpec, prefix: str):
+        """Submit ``spec`` and wait for it (cancelled if the client goes away): the tickets,
+        the results and their base64 PNGs, or the Response to send instead (499, a failure)."""
+        tickets = await submit(engine, spec, prefix, config, rules)
         results = await wait_or_cancel(request, engine, tickets, poll)
         if results is None:
             return Response(status_code=499)
         failed = failure_response(results)
         if failed is not None:
             return failed
-        images = await asyncio.to_thread(png_b64s, results)
+        return tickets, results, await asyncio.to_thread(png_b64s, results)
+
+    @app.post("/v1/images/generations")
+    async def images(request: Request):
+        body = validate(ImageRequest, await json_body(request))
+        spec = build_spec(body, body.prompt, limits, rules, config.defaults,
+                          ignored=list(body.model_extra or {}))
+        out = await generate_pngs(request, spec, "img")
+        if isinstance(out, Response):
+            return out
+        _, results, images = out
         data = [{"b64_json": b, "revised_prompt": spec.prompt, "seed": spec.seed + i}
                 for i, b in enumerate(images)]
         return {"created": int(time.time()), "data": data, "warnings": spec.warnings,
@@ -165,14 +173,10 @@ def add_generation_routes(app: FastAPI, engine, config) -> None:
         opts, ignored = chat_options(body)
         spec = build_spec(opts, chat_prompt(body), limits, rules, config.defaults,
                           ignored=ignored)
-        tickets = await submit(engine, spec, "chatcmpl", config, rules)
-        results = await wait_or_cancel(request, engine, tickets, poll)
-        if results is None:
-            return Response(status_code=499)
-        failed = failure_response(results)
-        if failed is not None:
-            return failed
-        images = await asyncio.to_thread(png_b64s, results)
+        out = await generate_pngs(request, spec, "chatcmpl")
+        if isinstance(out, Response):
+            return out
+        tickets, results, images = out
         metrics = {"peak_memory_mb": peak_memory_mb(results),
                    "stage_durations": stage_durations(results[0])}
         content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + b},
