@@ -38,11 +38,15 @@ ValueError.
 from __future__ import annotations
 
 import bisect
+import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from .bound import _best_disjoint, moore_hodgson_windows, trace_work
 from .cost import CostModel
 from .request import Request
+
+logger = logging.getLogger(__name__)
 
 
 class _Fenwick:
@@ -158,3 +162,205 @@ def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, in
                 best = misses
                 out.append((t1, t2, misses))
     return out
+
+
+# ---- a joint tail constraint: every flow within a maximum, and at most a few above a --------
+# ---- percentile threshold (module docstring of ``min_misses_tail``) -------------------------
+
+
+def allowed_above(n: int, q: float) -> int:
+    """How many of ``n`` values may exceed a threshold T while their ``q``-th percentile
+    (``metrics.percentile``: linear interpolation at rank h = (n − 1) q / 100) stays ≤ T.
+
+    The percentile is at least the order statistic x[⌊h⌋] (0-based, ascending), so it is ≤ T
+    only if at least ⌊h⌋ + 1 values are ≤ T: at most n − 1 − ⌊h⌋ above (a necessary
+    condition — exactly what a sound relaxation may assume)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    return n - 1 - int(((n - 1) * q) // 100)
+
+
+def _exemption_points(budget: int) -> tuple[int, ...]:
+    """Exemption counts at which a window's misses are evaluated: every count up to 4, then
+    doubling, then the budget (between two points the next point's value is used: sound, as
+    misses never rise with more exemptions)."""
+    pts = list(range(min(budget, 4) + 1))
+    e = 8
+    while e < budget:
+        pts.append(e)
+        e *= 2
+    if pts[-1] != budget:
+        pts.append(budget)
+    return tuple(pts)
+
+
+def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list:
+    """Knapsack windows with exemptions. ``jobs`` by arrival: (A, D, work, A + tail_flow,
+    A + max_flow). For each window [t1, t2] starting at an arrival: K = due by t2 (arrived
+    ≥ t1), J_T = latest-by-tail ≤ t2, J_M = latest-by-max ≤ t2 (J_M ⊆ J_T). With e of
+    J_T \\ J_M exempted (their limit becomes the maximum), the misses among K are at least
+    ``|K \\ J_T| − fit(t2 − t1 − work(J_T) + the e largest works of J_T \\ J_M)``
+    (derivation in ``min_misses_tail``). Returns (t1, t2, misses at each of ``points``,
+    inf where even that many exemptions leave negative room), recorded where any rises."""
+    order = sorted(range(len(jobs)), key=lambda n: (jobs[n][2], n))
+    rank = {n: k for k, n in enumerate(order)}
+    works = [jobs[n][2] for n in order]
+    # kinds: 0 due (joins K), 1 must be done by the tail limit, 2 ... by the maximum
+    events = sorted([(j[1], 0, n) for n, j in enumerate(jobs)]
+                    + [(j[3], 1, n) for n, j in enumerate(jobs)]
+                    + [(j[4], 2, n) for n, j in enumerate(jobs)])
+    times = [e[0] for e in events]
+    top = points[-1]
+    out: list = []
+    for i, (t1, _, _, _, _) in enumerate(jobs):
+        tree = _Fenwick(works)
+        due: set[int] = set()
+        tail_due: set[int] = set()
+        free: list[float] = []  # works of J_T \ J_M, ascending
+        mandatory, outside = 0.0, 0
+        best = [0.0] * len(points)
+        k = bisect.bisect_left(times, t1)
+        while k < len(events) and events[k][0] <= t1 + horizon:
+            t2 = events[k][0]
+            while k < len(events) and events[k][0] == t2:
+                _, kind, n = events[k]
+                k += 1
+                if n < i:
+                    continue
+                if kind == 0:
+                    due.add(n)
+                    if n not in tail_due:
+                        tree.add(rank[n], 1)
+                        outside += 1
+                elif kind == 1:
+                    tail_due.add(n)
+                    mandatory += jobs[n][2]
+                    bisect.insort(free, jobs[n][2])
+                    if n in due:
+                        tree.add(rank[n], -1)
+                        outside -= 1
+                else:
+                    free.pop(bisect.bisect_left(free, jobs[n][2]))
+            if not tail_due or outside == 0 and t2 - t1 - mandatory >= -1e-9:
+                continue
+            cap = t2 - t1 - mandatory
+            row, bonus, taken = [], 0.0, 0
+            for e in points:
+                while taken < min(e, len(free)):
+                    taken += 1
+                    bonus += free[-taken]
+                room = cap + bonus
+                row.append(INF if room < -1e-9 else float(outside - tree.fit(room)))
+            if row[-1] == INF:
+                raise ValueError(
+                    f"no schedule keeps every flow within its limits with {top} exemptions: "
+                    f"{cap + bonus:.3f} s short in [{t1:.3f}, {t2:.3f}]")
+            if any(w > b for w, b in zip(row, best, strict=True)):
+                best = [max(w, b) for w, b in zip(row, best, strict=True)]
+                out.append((t1, t2, tuple(row)))
+    return out
+
+
+INF = float("inf")
+
+
+def _lagrange_weight(row: tuple[float, ...], points: tuple[int, ...], lam: float) -> float:
+    """min over e of (a lower bound on the window's misses with e exemptions) + λ e."""
+    best = row[0]
+    for j in range(1, len(points)):
+        best = min(best, row[j] + lam * (points[j - 1] + 1))
+    return best
+
+
+def tail_windows(
+    requests: Sequence[Request],
+    cost: CostModel,
+    max_flow: float,
+    tail_flow: float,
+    exempt: int,
+    horizon: float | None = None,
+    *,
+    work: str = "profile",
+) -> tuple[list, list, tuple[int, ...]]:
+    """The windows ``min_misses_tail`` combines for one trace: (plain Moore–Hodgson windows
+    (t1, t2, misses), exemption windows (t1, t2, misses per point), the exemption points)."""
+    if not 0 < tail_flow <= max_flow:
+        raise ValueError(f"need 0 < tail_flow <= max_flow, got {tail_flow!r}, {max_flow!r}")
+    if exempt < 0:
+        raise ValueError(f"exempt must be >= 0, got {exempt!r}")
+    cost_of = trace_work(requests, cost, work)
+    jobs = sorted(((r.arrival, r.deadline, cost_of(r), r.arrival + tail_flow,
+                    r.arrival + max_flow) for r in requests), key=lambda j: j[0])
+    if horizon is None:
+        horizon = max(16 * max(d - a for a, d, *_ in jobs), 3 * max_flow)
+    plain = moore_hodgson_windows([(a, d, p) for a, d, p, _, _ in jobs], horizon)
+    plain += _knapsack_windows([(a, d, p, m) for a, d, p, _, m in jobs], horizon)
+    points = _exemption_points(exempt)
+    return plain, _exempt_windows(jobs, horizon, points), points
+
+
+def min_misses_tail(
+    traces: Sequence[Sequence[Request]],
+    cost: CostModel,
+    max_flow: float,
+    tail_flow: float,
+    exempt: int,
+    horizon: float | None = None,
+    *,
+    work: str = "profile",
+    lambdas: Sequence[float] | None = None,
+) -> int:
+    """A lower bound on the total misses over ``traces`` (independent runs, e.g. seeds) of
+    any schedules in which every flow is ≤ ``max_flow`` s and, pooled over the traces, at
+    most ``exempt`` flows are > ``tail_flow`` s (``allowed_above(N, 99)`` with the fifo P99
+    as ``tail_flow``: "P99 and maximum no higher than fifo's"). Works: ``bound.min_work``.
+
+    **Derivation.** Fix a schedule and its exempt set E (the requests with flow above
+    ``tail_flow``, |E| ≤ ``exempt``). Take a window [t1, t2] starting at an arrival and, among
+    the requests arriving at or after t1: K (due by t2), J_M (A + max_flow ≤ t2) and J_T
+    (A + tail_flow ≤ t2). Every member of J_T \\ E and of J_M must be done inside the window;
+    relax their arrivals to t1. With X = J_T \\ J_M, the work that must be done is
+    ≥ work(J_T) − work(E ∩ X), so the other on-time members of K fit in
+    room = t2 − t1 − work(J_T) + work(E ∩ X). Members of K ∩ J_T \\ E are counted as on time,
+    and members of K ∩ E as on time too: that only lowers the count, because giving back one
+    member with its work p and p more room lowers the knapsack's fit by at most one — so the
+    misses among K are ≥ |K \\ J_T| − fit(room), and with |E ∩ X| = e, room is at most
+    t2 − t1 − work(J_T) + the e largest works of X. Call that w(e) (non-increasing in e;
+    evaluated at a few points, each e taking the next point's value). Plain Moore–Hodgson
+    windows (``bound.min_misses``) hold with w constant. Windows disjoint in time have
+    disjoint K and X sets, so for any set S of disjoint windows the schedule misses at least
+    Σ_{S} w_i(e_i) with Σ e_i ≤ |E| ≤ ``exempt`` (pooled over traces). For any λ ≥ 0 that is
+    ≥ Σ_{S} min_e (w_i(e) + λ e) − λ · exempt (Lagrangian relaxation of the budget), and the
+    best S for each λ is the weighted-interval DP per trace. The bound is the largest of
+    these over ``lambdas`` (default a grid), rounded up (misses are whole). ValueError when
+    no schedule can keep the limits (a window short of room even with the whole budget).
+    """
+    if exempt < 0:
+        raise ValueError(f"exempt must be >= 0, got {exempt!r}")
+    per_trace = [tail_windows(t, cost, max_flow, tail_flow, exempt, horizon, work=work)
+                 for t in traces if t]
+    if not per_trace:
+        return 0
+    top = max([w[2] for pl, _, _ in per_trace for w in pl]
+              + [x for _, ex, _ in per_trace for w in ex for x in w[2] if x < INF] + [0.0])
+    if lambdas is None:
+        lambdas = [0.0] + [top * (2 ** -k) for k in range(12, -1, -1)] if top else [0.0]
+    best = 0.0
+    for lam in sorted(lambdas):
+        if lam < 0:
+            raise ValueError(f"lambdas must be >= 0, got {lam!r}")
+        total = -lam * exempt
+        for plain, ex, points in per_trace:
+            wins = list(plain) + [(t1, t2, _lagrange_weight(row, points, lam))
+                                  for t1, t2, row in ex]
+            total += _best_disjoint_weighted(wins)
+        logger.debug("min_misses_tail: lambda %.4g gives %.3f", lam, total)
+        best = max(best, total)
+    return math.ceil(best - 1e-6)
+
+
+def _best_disjoint_weighted(windows: list) -> float:
+    """``bound._best_disjoint`` for real weights (non-positive ones never help)."""
+    return _best_disjoint([w for w in windows if w[2] > 0])
