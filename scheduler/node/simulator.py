@@ -218,6 +218,8 @@ def run_node(
         job = c.job
         members = st.running.pop(job.job_id)
         st.free |= job.group.mask & ~lost
+        for d in job.group.devices:  # its job is over, whatever the prediction said
+            st.job_ends[d] = min(st.job_ends[d], c.finished)
         busy += (c.finished - c.started) * job.group.degree
         finished = []
         for s in members:

@@ -144,6 +144,8 @@ class NodeSloPolicy(NodePolicy):
         margin: float = 0.1,
         move_wait: float = 1.0,
         park: bool = True,
+        decode_aware: bool = True,
+        decode_guard: bool = True,
         guard: bool = False,
         guard_degree: int = 1,
         guard_quantile: float = 1.0,
@@ -166,6 +168,15 @@ class NodeSloPolicy(NodePolicy):
         self.margin = margin
         self.move_wait = move_wait
         self.park = park
+        self.decode_aware = decode_aware
+        self.decode_guard = decode_guard
+        #: the least slack (SLO window − time alone at the node's best degree) of the
+        #: requests seen: how long a new arrival may wait for a device
+        self._tight = INF
+        #: per device, when it can next start a new job (``_holds_back``; per decision)
+        self._until: list[float] = []
+        self._now = 0.0
+        self._due: list[_Cand] = []
         self._static: dict[str, tuple] = {}
         self.guard = guard
         self.guard_degree = guard_degree
@@ -297,6 +308,15 @@ class NodeSloPolicy(NodePolicy):
         cands += [
             self._cand(r, r, 0, None, now) for r in view.waiting.iter_by("deadline", self.window)
         ]
+        if self.decode_guard:
+            best = len(self.node.degrees) - 1
+            for c in cands:
+                if not c.started:
+                    window = c.req.deadline - c.req.arrival
+                    self._tight = min(self._tight, window - c.steps_left * c.step(best)
+                                      - c.dec - c.enc)
+            self._now = now
+            self._until = [max(now, t) for t in view.busy_until]
         running = [
             self._cand(s, s.request, s.steps_done + 1, s.group, now) for s in view.running
         ]
@@ -304,6 +324,7 @@ class NodeSloPolicy(NodePolicy):
         ontime.sort(key=lambda c: (c.req.deadline, c.req.arrival))
         everyone = self._classify(now, ontime)  # on time, running ones included
         ontime = [c for c in everyone if not isinstance(c.item, NodeStatus) or not c.item.running]
+        self._due = ontime
         late = sorted((c for c in cands if c.late), key=lambda c: self._late_key(now, c))
         placer = Placer(view, self.ncost)
         placed: list[tuple[Assignment, list[_Cand]]] = []
@@ -363,8 +384,57 @@ class NodeSloPolicy(NodePolicy):
                 continue
             g = self._group(placer, c, d)
             if g is not None:
-                return placer.take(g, [c.item], 1)
+                if self._holds_back(placer, c, g):
+                    return None  # a larger group leaves even fewer devices outside
+                a = placer.take(g, [c.item], 1)
+                if a is not None:
+                    self._hold(c, g)
+                return a
         return None
+
+    def _job_s(self, c: _Cand, degree: int) -> float:
+        """Predicted seconds of ``c``'s next job alone at ``degree``: one step, and its
+        decode (which holds the group) when that step is its last."""
+        return c.step(self.node.degrees.index(degree)) + (c.dec if c.steps_left == 1 else 0.0)
+
+    def _holds_back(self, placer: Placer, c: _Cand, g: Group) -> bool:
+        """``decode_guard``: whether ``c``'s next job on ``g`` must wait, because while it
+        runs every device outside ``g`` is held (running a job, or given one in this
+        decision) past the slack of a request that would then find no device in time:
+        an on-time one due before ``c`` not placed yet (EDF), or — for ``c``'s last step
+        and decode, unless ``c`` is urgent — the next arrival (the tightest slack seen).
+        Never for a starving ``c``."""
+        if not self.decode_guard or not self._until:
+            return False
+        now = placer.view.now
+        if self._starving(now, c):
+            return False
+        outside = [self._until[d] for d in range(self.node.devices) if not g.mask >> d & 1]
+        free_at = min(outside) - now if outside else INF
+        job = self._job_s(c, g.degree)
+        if job <= free_at and job <= self._tight:
+            return False
+        if (c.steps_left == 1 and job > self._tight and free_at > self._tight
+                and (c.late or not self._urgent(now, c))):
+            return True
+        degrees = self.node.degrees
+        for x in self._due:
+            if x.req.deadline >= c.req.deadline:
+                break
+            if x is c or x.req.id in placer.taken:
+                continue
+            slack = x.req.deadline - now - x.rem(degrees.index(x.need))
+            if slack < job and free_at > slack:
+                return True
+        return False
+
+    def _hold(self, c: _Cand, g: Group, seconds: float | None = None) -> None:
+        """Note that ``g``'s devices run ``c``'s next job from now on (``_holds_back``)."""
+        if not self._until:
+            return
+        seconds = self._job_s(c, g.degree) if seconds is None else seconds
+        for d in g.devices:
+            self._until[d] = max(self._until[d], self._now + seconds)
 
     def _group(self, placer: Placer, c: _Cand, degree: int) -> Group | None:
         """A free group of ``degree`` for ``c``: one needing no wait for its state's devices
@@ -390,11 +460,30 @@ class NodeSloPolicy(NodePolicy):
             if d > degree or d < max(2, c.need):
                 continue
             g = self._group(placer, c, d)
+            if g is not None and self._holds_back(placer, c, g):
+                continue
             a = placer.take(g, [c.item], 1) if g is not None else None
             if a is not None:
+                self._hold(c, g)
                 placed.append((a, [c]))
                 return True
         return False
+
+    def _final_cap(self, c: _Cand) -> int:
+        """The largest degree for ``c``'s next step (``decode_aware``): any when it is not
+        its last; else the largest whose job (that step, then the decode, a single-device
+        stage that holds the whole group) runs at parallel efficiency >= ``efficiency``
+        against degree 1 — on the two-device demo's CPU profile a 1024² decode is 20 steps,
+        on h200 a 2048²'s is a seventh of one."""
+        degrees = self.node.degrees
+        if not self.decode_aware or c.steps_left != 1:
+            return degrees[-1]
+        one = c.step(0) + c.dec
+        best = 1
+        for k, d in enumerate(degrees):
+            if one / (d * (c.step(k) + c.dec)) >= self.efficiency:
+                best = d
+        return best
 
     def _scales(self, c: _Cand) -> bool:
         """Whether degree 4 runs ``c`` at parallel efficiency >= ``efficiency``."""
@@ -420,7 +509,7 @@ class NodeSloPolicy(NodePolicy):
         chosen: list[tuple[_Cand, int, float]] = []
         degrees = self.node.degrees
         for big in pool:
-            cap = self._crowd_degree(big, crowd)
+            cap = min(self._crowd_degree(big, crowd), self._final_cap(big))
             for k in range(len(degrees) - 1, 0, -1):
                 d = degrees[k]
                 if d <= big.need:
@@ -507,20 +596,34 @@ class NodeSloPolicy(NodePolicy):
                 if new - old > (1.0 - self.min_gain) * c.step(0):
                     continue
                 # Every on-time member must still finish in time if the batch stays together,
-                # with a margin for timing error.
+                # with a margin for timing error; with ``decode_aware``, after the decodes of
+                # the members that finish no later (a job ends when all its decodes have).
+                group = members + [c]
                 if any(
                     not m.late
-                    and now + (new * m.steps_left + m.rem(0) - m.step(0) * m.steps_left)
+                    and now + (new * m.steps_left + m.rem(0) - m.step(0) * m.steps_left
+                               + self._decodes_before(m, group))
                     * (1.0 + self.margin) > m.req.deadline
-                    for m in members + [c]
+                    for m in group
                 ):
                     continue
+                if c.steps_left == 1 and self._holds_back(placer, c, a.group):
+                    continue
                 if self._join(placer, a, c):
+                    if c.steps_left == 1:
+                        self._hold(c, a.group, new + c.dec)
                     members.append(c)
                     a.batch.append(c.req.id)
                     if len(members) >= cost.cost.max_batch(c.req.model):
                         open_steps.remove((a, members))
                     break
+
+    def _decodes_before(self, m: _Cand, batch: list[_Cand]) -> float:
+        """Seconds of the decodes of the others in ``batch`` that finish no later than ``m``
+        (its own decode waits for them on a degree-1 step; 0 without ``decode_aware``)."""
+        if not self.decode_aware:
+            return 0.0
+        return sum(x.dec for x in batch if x is not m and x.steps_left <= m.steps_left)
 
     def _join(self, placer: Placer, a: Assignment, c: _Cand) -> bool:
         """Add ``c`` to the assignment ``a`` (pages on its group, started cap)."""
@@ -551,20 +654,23 @@ class NodeSloPolicy(NodePolicy):
                 parent = self.node.parent(a.group)
                 if parent is None or (parent.mask & ~a.group.mask) & ~placer.available:
                     continue
+                if parent.degree > self._final_cap(c):
+                    continue
                 pages = self.ncost.shard_pages(c.req, parent.degree, page_bytes)
                 if any(placer.pages[d] < pages for d in parent.devices if d not in a.group.devices):
                     continue
                 rem = c.rem(degrees.index(a.group.degree))
                 if best is None or rem > best[0]:
-                    best = (rem, a, parent, pages)
+                    best = (rem, a, parent, pages, c)
             if best is None:
                 return
-            _, a, parent, pages = best
+            _, a, parent, pages, c = best
             for d in parent.devices:
                 if d not in a.group.devices:
                     placer.pages[d] -= pages
             placer.free &= ~parent.mask
             a.group = parent
+            self._hold(c, parent)
 
     def _late_key(self, now: float, c: _Cand) -> tuple:
         lost = now + c.rem(len(self.node.degrees) - 1) > c.req.deadline

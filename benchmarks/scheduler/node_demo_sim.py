@@ -1,0 +1,174 @@
+"""The two-device demo's trace in the node simulator: fifo, slo and slo variants over seeds.
+
+    python benchmarks/scheduler/node_demo_sim.py [--seeds 0-9] [--profiles run6,run5]
+        [--variants slo,slo:final_single=False] [--json OUT]
+
+``ditmem demo --devices 2`` replays seed-mix ÷ 2 at ρ 0.8 (150 requests, Poisson) on two
+device workers, with the profile measured at its start; its targets (``ditmem.tools.
+node_demo.targets``): slo ≥ 99 % attainment (or the bound − 0.5 point), P95 ≤ max(0.5 ×
+fifo's, 1.2 × the P95 floor), P99 ≤ fifo's. The simulator predicted the last real run
+(docs/results/node.md), so a policy is developed here: the same trace (``build_trace``)
+for each seed and each saved demo profile (benchmarks/parallel/results/
+demo_devices2_run*_profile.json), every policy simulated with timing noise on (3 %,
+seeded), beside the trace's offline attainment bound and P95 floor (``limits``). The
+baseline is ``fifo`` on two static single-device replicas, in the same run. A variant is
+``policy[:option=value,...]`` (node policy options, e.g. ``slo:final_single=False`` is
+the rule before session 6). The table: per profile and seed, attainment / P95 / P99 per
+variant and whether the three targets hold; then the count of (profile, seed) traces
+meeting each target per variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import logging
+import types
+from pathlib import Path
+
+from ditmem.scheduler import CostModel
+from ditmem.scheduler.metrics import summarize
+from ditmem.scheduler.node.cost import NodeCost
+from ditmem.scheduler.node.policies import make_node_policy
+from ditmem.scheduler.node.simulator import simulate_node
+from ditmem.scheduler.node.topology import Node
+from ditmem.scheduler.noise import TimingNoise
+from ditmem.tools.node_demo import build_trace, limits, targets
+
+RESULTS = Path(__file__).resolve().parents[1] / "parallel" / "results"
+DEFAULT_VARIANTS = "fifo,srtf,elastic-np,slo:final_single=False,slo"
+log = logging.getLogger("node_demo_sim")
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``"slo:a=1,b=False"`` → ``("slo", {"a": 1, "b": False})``."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for part in filter(None, rest.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"variant {spec!r}: expected option=value, got {part!r}")
+        options[key] = ast.literal_eval(value)
+    return name, options
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4,7"`` → ``[0, 1, 2, 3, 4, 7]``."""
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return out
+
+
+def simulate(spec: str, trace, cost: CostModel, devices: int, seed: int) -> dict:
+    """One variant on ``trace``: ``summarize`` of the records, noise 3 % seeded ``seed``."""
+    name, options = parse_variant(spec)
+    topo = Node(devices, NodeCost(cost).links)
+    policy = make_node_policy(name, NodeCost(cost), topo, **options)
+    result = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
+                           noise=TimingNoise(0.03, 0.0, seed))
+    return summarize(result.records)
+
+
+def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: int = 2,
+        load: float = 0.8, requests: int = 150) -> list[dict]:
+    """One row per (profile, seed): the limits and each variant's numbers and targets."""
+    rows = []
+    for prof in profiles:
+        path = RESULTS / f"demo_devices2_{prof}_profile.json"
+        with open(path) as f:
+            cost = CostModel.from_dict(json.load(f))
+        for seed in seeds:
+            args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
+                                         seed=seed, arrival="poisson", divisor=2)
+            trace = build_trace(args, cost, devices)
+            lim = limits(trace, cost, devices)
+            res = {v: simulate(v, trace, cost, devices, seed) for v in variants}
+            row = {"profile": prof, "seed": seed, **lim, "policies": {}}
+            for v, r in res.items():
+                met = (targets({"slo": r, "fifo": res["fifo"]}, lim)
+                       if "fifo" in res else [])
+                row["policies"][v] = {
+                    "slo_attainment": r["slo_attainment"], "p95_s": r["p95_s"],
+                    "p99_s": r["p99_s"], "max_s": r["max_s"],
+                    "targets_met": [ok for _, ok, _ in met]}
+            rows.append(row)
+            log.info("%s seed %d done", prof, seed)
+    return rows
+
+
+def print_table(rows: list[dict], variants: list[str]) -> None:
+    head = f"{'profile':8} {'seed':>4} {'bound':>6} {'floor':>6} | " + " | ".join(
+        f"{v[:26]:^26}" for v in variants)
+    print(head)
+    print(" " * 29 + "| " + " | ".join(f"{'att%':>6} {'P95':>5} {'P99':>5} {'tgt':>7}"
+                                      for _ in variants))
+    for row in rows:
+        cells = []
+        for v in variants:
+            p = row["policies"][v]
+            tgt = "".join("y" if ok else "-" for ok in p["targets_met"])
+            cells.append(f"{100 * p['slo_attainment']:6.1f} {p['p95_s']:5.2f} "
+                         f"{p['p99_s']:5.2f} {tgt:>7}")
+        print(f"{row['profile']:8} {row['seed']:4d} {100 * row['bound_attainment']:6.1f} "
+              f"{row['p95_floor_s']:6.2f} | " + " | ".join(cells))
+    n = len(rows)
+    print(f"\ntraces meeting each target (of {n}): attainment / P95 / P99 / all three;"
+          " mean attainment, mean P95 / fifo's")
+    for v in variants:
+        met = [row["policies"][v]["targets_met"] for row in rows]
+        if not met or not met[0]:
+            continue
+        counts = [sum(m[i] for m in met) for i in range(3)]
+        every = sum(all(m) for m in met)
+        att = sum(row["policies"][v]["slo_attainment"] for row in rows) / n
+        ratio = sum(row["policies"][v]["p95_s"] / row["policies"]["fifo"]["p95_s"]
+                    for row in rows) / n
+        print(f"  {v:34} {counts[0]:3d} {counts[1]:3d} {counts[2]:3d} {every:3d}"
+              f"   {100 * att:6.2f} %  {ratio:5.2f} x")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0-9", help="trace seeds, e.g. 0-9 or 0,3,5")
+    ap.add_argument("--profiles", default="run6,run5,run4",
+                    help="saved demo profiles (demo_devices2_<name>_profile.json)")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS,
+                    help="policy[:option=value,...] comma-separated; ';' between variants "
+                         "when options are given for several")
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sep = ";" if ";" in args.variants else None
+    variants = args.variants.split(sep) if sep else _split_plain(args.variants)
+    if "fifo" not in variants:
+        variants.insert(0, "fifo")
+    rows = run(args.profiles.split(","), parse_seeds(args.seeds), variants, load=args.load,
+               requests=args.requests)
+    print_table(rows, variants)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"variants": variants, "load": args.load, "requests": args.requests,
+                       "rows": rows}, f, indent=2)
+        print(f"json: {args.json}")
+    return 0
+
+
+def _split_plain(text: str) -> list[str]:
+    """Split on commas that start a new variant (a part without ``=`` after a ``:``)."""
+    out: list[str] = []
+    for part in text.split(","):
+        if out and "=" in part and ":" in out[-1]:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
