@@ -29,13 +29,15 @@ class Step:
 
 @dataclass(slots=True)
 class Reshard:
-    """Move ``request_id`` from ``old`` to ``new`` devices over the device link; sent to
-    every device of ``cover`` (the aligned group containing both)."""
+    """Move ``request_id`` from ``old`` to ``new`` devices over the device link, point to
+    point; sent to exactly the devices of ``old`` and ``new``. With ``cover`` (the
+    baseline of ``bench_moves``): a collective over that aligned group containing both,
+    sent to every device of it."""
 
     request_id: str
-    cover: tuple[int, ...]
     old: tuple[int, ...]
     new: tuple[int, ...]
+    cover: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -131,7 +133,9 @@ class Reply:
     collective backend's copies included); ``device_pages`` used after it; ``started_at``
     when the worker began the command (``time.perf_counter``: CLOCK_MONOTONIC, the same
     clock in every process of the machine), so the engine can tell the time a command
-    waited behind the worker's previous one from the command's own."""
+    waited behind the worker's previous one from the command's own; ``request_pages``
+    the pages (device or host) this device holds after it for each request the command
+    named (0: none any more), from which the engine tracks each request's peak."""
 
     device: int
     ok: bool
@@ -142,3 +146,4 @@ class Reply:
     cpu_seconds: float = 0.0
     process_cpu_seconds: float = 0.0
     started_at: float = 0.0
+    request_pages: dict[str, int] = field(default_factory=dict)

@@ -71,7 +71,28 @@ def init_node(rank: int, num_devices: int, port: int, device_type: str = "cpu",
             # new_group is collective over the default group: every rank creates every group
             groups[devices] = (dist.group.WORLD if len(devices) == num_devices
                                else dist.new_group(list(devices)))
+    _warm_peers(rank, num_devices, device_type)
     return groups
+
+
+def _warm_peers(rank: int, num_devices: int, device_type: str) -> None:
+    """One point-to-point exchange between every pair of ranks on the default group, with
+    every rank taking part: moves are point to point there (``state_moves.reshard``), and
+    a backend may set up its peer connections on the first such exchange (NCCL requires
+    every rank in the first ``batch_isend_irecv`` of a group) — here, not on the hot path."""
+    import torch
+    import torch.distributed as dist
+
+    if num_devices < 2:
+        return
+    device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, rank)
+    peers = [r for r in range(num_devices) if r != rank]
+    out = torch.full((1,), rank, dtype=torch.int64, device=device)
+    back = {r: torch.empty(1, dtype=torch.int64, device=device) for r in peers}
+    ops = [dist.P2POp(dist.isend, out, r) for r in peers]
+    ops += [dist.P2POp(dist.irecv, back[r], r) for r in peers]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
 
 
 def close_node() -> None:

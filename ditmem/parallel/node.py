@@ -3,7 +3,7 @@ dead worker means.
 
     with NodeEngine("tiny-qwen-image", num_devices=2) as node:
         node.encode(request, device=0)                 # degree 1 on device 0
-        node.move(request.request_id, (0, 1))          # re-shard to degree 2 (device link)
+        node.move(request.request_id, (0, 1))          # re-shard to degree 2 (peer to peer)
         node.step([((0, 1), [request.request_id])])    # steps run on groups, concurrently
         node.park(request.request_id)                  # parts into host pages
         node.resume(request.request_id, (1,))          # onto another device, degree 1
@@ -40,6 +40,11 @@ from ditmem.parallel.groups import aligned_groups, free_port, is_aligned
 from ditmem.parallel.worker import WorkerConfig, worker_main
 
 log = logging.getLogger(__name__)
+
+
+#: requests whose peak pages the engine keeps (the newest; a server takes each finished
+#: request's with ``peak_pages(rid, forget=True)``)
+PEAKS_KEPT = 10_000
 
 
 class DeviceLost(RuntimeError):
@@ -189,6 +194,10 @@ class NodeEngine:
         self.orphans: dict[str, tuple[int, ...]] = {}
         #: device pages in use per device, from the latest reply of each (no round trip)
         self.device_pages: dict[int, int] = dict.fromkeys(range(num_devices), 0)
+        #: pages (device or host) each request holds per device, from the latest replies
+        self.request_pages: dict[str, dict[int, int]] = {}
+        #: each request's peak pages over its devices (see :meth:`peak_pages`)
+        self._peaks: dict[str, int] = {}
         self.on_lost = on_lost
         self._lock = threading.RLock()
         self._send_lock = threading.Lock()
@@ -294,8 +303,16 @@ class NodeEngine:
         if gone:
             raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
         replies = self._wait(self.submit(commands), self.command_timeout_s)
-        for d, r in replies.items():
-            self.device_pages[d] = r.device_pages
+        with self._lock:
+            for d, r in replies.items():
+                self.device_pages[d] = r.device_pages
+                for rid, n in r.request_pages.items():
+                    if n:
+                        self.request_pages.setdefault(rid, {})[d] = n
+                    elif rid in self.request_pages:  # nothing left there
+                        self.request_pages[rid].pop(d, None)
+                        if not self.request_pages[rid]:
+                            del self.request_pages[rid]
         errors = {d: r.error for d, r in replies.items() if not r.ok}
         if errors:
             raise CommandFailed("; ".join(f"device {d}: {e}" for d, e in sorted(errors.items())))
@@ -332,7 +349,28 @@ class NodeEngine:
         if ok:
             with self._lock:
                 self.holders[rid] = (device,)
+            self._note_peak([rid])
         return ok
+
+    def _note_peak(self, request_ids) -> None:
+        """Raise each request's peak to the pages it holds now, summed over its devices."""
+        with self._lock:
+            for rid in request_ids:
+                now = sum(self.request_pages.get(rid, {}).values())
+                if now > self._peaks.get(rid, 0):
+                    self._peaks.pop(rid, None)  # newest last: the oldest go first below
+                    self._peaks[rid] = now
+            while len(self._peaks) > PEAKS_KEPT:
+                del self._peaks[next(iter(self._peaks))]
+
+    def peak_pages(self, request_id: str, *, forget: bool = False) -> int:
+        """The most pages ``request_id`` held at once over its life so far: after its
+        encode and each of its steps, the pages (device or host) of its parts summed over
+        every device holding one (0 if unknown). ``forget``: drop the record (a finished
+        request's; the latest :data:`PEAKS_KEPT` records are kept otherwise)."""
+        with self._lock:
+            return (self._peaks.pop(request_id, 0) if forget
+                    else self._peaks.get(request_id, 0))
 
     def step(self, plan: list[tuple[tuple[int, ...], list[str]]]) -> list[GroupResult]:
         """Run one whole step of each ``(devices, request_ids)`` entry, the groups
@@ -351,6 +389,7 @@ class NodeEngine:
             for d in devices:
                 commands[d] = cmd.Step(list(ids), devices)
         replies = self._call(commands)
+        self._note_peak([rid for _, ids in plan for rid in ids])
         return [GroupResult(tuple(devices), max(replies[d].seconds for d in devices),
                             {d: replies[d].device_pages for d in devices},
                             max(replies[d].cpu_seconds for d in devices))
@@ -363,15 +402,24 @@ class NodeEngine:
                                    {d: r.seconds for d, r in replies.items()},
                                    {d: max(0.0, r.started_at - mark) for d, r in replies.items()})
 
-    def move(self, request_id: str, devices: tuple[int, ...]) -> MoveTiming:
+    def move(self, request_id: str, devices: tuple[int, ...], *,
+             over_cover: bool = False) -> MoveTiming:
         """Re-shard a held request onto ``devices`` (another degree and/or other devices)
-        over the device link, between steps; its timing (zero when already there)."""
+        over the device link, between steps, point to point between exactly its old and
+        new devices (no other worker is involved or waited for); its timing (zero when
+        already there). ``over_cover``: the session-5 way instead, a collective over
+        :func:`cover_group` of both (every device of it joins): the baseline of
+        ``benchmarks/parallel/bench_moves.py``."""
         new = self._check_devices(devices)
         old = self._holders(request_id)
         if new == old:
             return MoveTiming(0.0)
-        cover = cover_group(set(old) | set(new), self.num_devices)
-        _, timing = self._timed({d: cmd.Reshard(request_id, cover, old, new) for d in cover})
+        if over_cover:
+            cover = cover_group(set(old) | set(new), self.num_devices)
+            commands = {d: cmd.Reshard(request_id, old, new, cover) for d in cover}
+        else:
+            commands = {d: cmd.Reshard(request_id, old, new) for d in sorted({*old, *new})}
+        _, timing = self._timed(commands)
         with self._lock:
             self.holders[request_id] = new
         return timing
@@ -431,6 +479,7 @@ class NodeEngine:
             devices = set(self.holders.pop(request_id, ()))
             devices |= {p.device for p in self.parked.pop(request_id, [])}
             devices |= set(self.orphans.pop(request_id, ()))
+            self.request_pages.pop(request_id, None)
             live = sorted(devices - set(self.dead))
         if live:
             self._call({d: cmd.Release(request_id) for d in live})

@@ -371,13 +371,15 @@ class NodeService:
         t.finished, t.started = record.finished, record.started
         t.steps_run = live.sched.steps
         t.preemptions, t.offloads = record.preemptions, record.offloads
+        peak = self.node.peak_pages(rid, forget=True) * self.node.page_bytes
         result = GenerationResult(rid, live.sched.priority, live.ticket.slo_ms, t, live.image,
-                                  0)
+                                  peak)
         self._finish(rid, None, "completed", result)
 
     def _on_dropped(self, rid: str, started: bool) -> None:
         with self._lock:
             self._gens.pop(rid, None)
+        self.node.peak_pages(rid, forget=True)
         if started:
             try:
                 self.node.release(rid)

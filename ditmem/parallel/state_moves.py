@@ -8,11 +8,17 @@ cross-attention K/V pages, scalars) is replicated. The scalar ``sp.shapes`` reco
 degree-1 shapes of the sharded tensors while the state is held at degree > 1. Two ways to
 change where a state lives:
 
-* :func:`reshard` — between steps, over the device link: every device of the smallest
-  aligned group covering the old and the new devices joins; latent rows are all-gathered
-  and each new holder keeps its shard; replicated tensors are broadcast from the first old
-  holder. No host copy, no pickled tensors (only the scalars and tensor shapes travel as
-  objects).
+* :func:`reshard` — between steps, over the device link, point to point between exactly
+  the old and the new holders (``batch_isend_irecv`` on the node's default group, created
+  at start): each old holder sends each new holder the rows of its shard that fall in the
+  new holder's shard, and the first old holder sends the replicated tensors to new holders
+  that had none. No other device takes part, so a move never waits for an uninvolved
+  device's step. Row counts follow from the degree-1 shapes (python ints, no device
+  reads); no host copy, no pickled tensors (only the scalars and tensor shapes travel, as
+  bytes, to new holders that had no part).
+  :func:`reshard_over_group` is the session-5 way (a collective over the smallest aligned
+  group covering both: every device of it joins), kept as the baseline of
+  ``benchmarks/parallel/bench_moves.py``.
 * through host pages — a paused request: each holder offloads its part into its host pool
   (:func:`host_copy` describes where the pages are), and the new holders, on any devices,
   read those pages straight from the host arenas (shared memory between the worker
@@ -22,13 +28,14 @@ change where a state lives:
 from __future__ import annotations
 
 import copy
+import pickle
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ditmem.memory import RequestState, TensorState
-from ditmem.parallel.shards import shard
+from ditmem.parallel.shards import bounds, shard
 from ditmem.parallel.token_rows import SHAPES, TokenRows, rows_of
 
 
@@ -130,12 +137,13 @@ def _part_of(layout: TokenRows, rows: torch.Tensor, shape, rank: int,
     return rows.narrow(1, lo, hi - lo)
 
 
-def reshard(state: RequestState | None, group, cover: tuple[int, ...], device: int,
-            old: tuple[int, ...], new: tuple[int, ...], pool, request_id: str,
-            layout: TokenRows) -> RequestState | None:
-    """Collective over ``group`` (the process group of the aligned devices ``cover``, which
-    contain ``old`` and ``new``): move a request held at degree ``len(old)`` on ``old`` to
-    degree ``len(new)`` on ``new``; ``layout``: the model's token-sharded tensors. Every
+def reshard_over_group(state: RequestState | None, group, cover: tuple[int, ...],
+                       device: int, old: tuple[int, ...], new: tuple[int, ...], pool,
+                       request_id: str, layout: TokenRows) -> RequestState | None:
+    """The baseline of :func:`reshard` (session 5): a collective over ``group`` (the
+    process group of the aligned devices ``cover``, which contain ``old`` and ``new``):
+    move a request held at degree ``len(old)`` on ``old`` to degree ``len(new)`` on
+    ``new``; ``layout``: the model's token-sharded tensors. Every
     device of ``cover`` calls it; ``state`` is this device's part (``None`` unless it is
     in ``old``). Returns this device's new part (``None`` unless it is in ``new``); the
     old part's pages are freed. ``MemoryError`` when a new holder's pool has no room (its
@@ -202,3 +210,121 @@ def _gather_rows(mine, dtype, group, cover, old, me, device) -> torch.Tensor:
     dist.all_gather(bufs, padded, group=group)
     parts = [bufs[cover.index(d)].narrow(1, 0, counts[cover.index(d)]) for d in old]
     return torch.cat(parts, 1)
+
+
+def _meta(state: RequestState, layout: TokenRows) -> tuple[dict, dict, dict]:
+    """(scalars without ``sp.shapes``, degree-1 shapes of the token-sharded tensors, and per
+    tensor its held ``(shape, dtype, row_ndim)``) of one held part."""
+    scalars = copy.deepcopy(state.scalars)
+    full = scalars.pop(SHAPES, None) or {n: state.shape(n) for n in state.names()
+                                         if layout.sharded(n)}
+    shapes = {n: (state.shape(n), state.paged(n).dtype, len(state.paged(n).row_shape))
+              for n in state.names()}
+    return scalars, full, shapes
+
+
+def _send_meta(meta, src: int, dsts: list[int], device) -> None:
+    """Pickled ``meta`` from ``src`` to each of ``dsts`` (its length first, then the bytes)."""
+    data = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8).to(device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, size, d, tag=0) for d in dsts]):
+        req.wait()
+    for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, data, d, tag=1) for d in dsts]):
+        req.wait()
+
+
+def _recv_meta(src: int, device):
+    size = torch.empty(1, dtype=torch.int64, device=device)
+    dist.batch_isend_irecv([dist.P2POp(dist.irecv, size, src, tag=0)])[0].wait()
+    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)  # control data
+    dist.batch_isend_irecv([dist.P2POp(dist.irecv, data, src, tag=1)])[0].wait()
+    return pickle.loads(data.cpu().numpy().tobytes())
+
+
+def _row_count(layout: TokenRows, shape) -> int:
+    """Token rows ``S`` of a token-sharded tensor of degree-1 ``shape`` (no data touched)."""
+    return layout.to_rows(torch.empty(tuple(shape), device="meta")).shape[1]
+
+
+def reshard(state: RequestState | None, device: int, old: tuple[int, ...],
+            new: tuple[int, ...], pool, request_id: str,
+            layout: TokenRows) -> RequestState | None:
+    """Move a request held at degree ``len(old)`` on ``old`` to degree ``len(new)`` on
+    ``new``, point to point between exactly the devices of ``old`` and ``new`` (global
+    ranks of the default process group = device ids); ``layout``: the model's token-sharded
+    tensors. Every device of ``old`` and ``new`` calls it, no other; ``state`` is this
+    device's part (``None`` unless it is in ``old``). Returns this device's new part
+    (``None`` unless it is in ``new``); the old part's pages are freed. ``MemoryError``
+    when a new holder's pool has no room (its old part, if any, is kept)."""
+    src, newcomers = old[0], [d for d in new if d not in old]
+    if state is not None:
+        scalars, full, shapes = _meta(state, layout)
+    if newcomers and device == src:
+        _send_meta((scalars, full, shapes), src, newcomers, pool.device)
+    elif device in newcomers:
+        scalars, full, shapes = _recv_meta(src, pool.device)
+    _check_whole_steps(scalars, len(new), request_id)
+    ops, received, values = [], {}, {}
+    tag = 2
+    for name, (shape, dtype, _) in sorted(shapes.items()):
+        if not layout.sharded(name):
+            if device in newcomers:
+                values[name] = torch.empty(shape, dtype=dtype, device=pool.device)
+                ops.append(dist.P2POp(dist.irecv, values[name], src, tag=tag))
+            elif device in new:
+                values[name] = state.get(name)
+            if device == src:
+                mine = state.get(name).contiguous()
+                ops.extend(dist.P2POp(dist.isend, mine, d, tag=tag) for d in newcomers)
+            tag += 1
+            continue
+        rows = _row_count(layout, full[name])
+        was, will = bounds(rows, len(old)), bounds(rows, len(new))
+        mine = None
+        if state is not None:
+            mine = state.get(name)
+            mine = layout.to_rows(mine) if len(old) == 1 else mine
+        width = None if mine is None else mine.shape[2]
+        pieces = []
+        for i, (a, b) in enumerate(was):
+            for j, (c, e) in enumerate(will):
+                lo, hi = max(a, c), min(b, e)
+                if lo < hi:
+                    if old[i] == device and new[j] == device:
+                        pieces.append((i, mine.narrow(1, lo - a, hi - lo)))
+                    elif old[i] == device:
+                        ops.append(dist.P2POp(dist.isend, mine.narrow(1, lo - a, hi - lo)
+                                              .contiguous(), new[j], tag=tag))
+                    elif new[j] == device:
+                        buf = torch.empty((1, hi - lo, _row_width(layout, full[name], width)),
+                                          dtype=dtype, device=pool.device)
+                        ops.append(dist.P2POp(dist.irecv, buf, old[i], tag=tag))
+                        pieces.append((i, buf))
+                tag += 1
+        if device in new:
+            received[name] = pieces
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()
+    for name, pieces in received.items():
+        part = torch.cat([p for _, p in sorted(pieces, key=lambda x: x[0])], 1)
+        values[name] = part if len(new) > 1 else layout.from_rows(part, full[name])
+    fresh = None
+    if device in new:
+        fresh = RequestState(pool, request_id=request_id)
+        for name, value in values.items():
+            if fresh.put(name, value.contiguous(), row_ndim=shapes[name][2]) is None:
+                fresh.free()
+                raise MemoryError(f"reshard: device {device} has no room for {request_id}")
+        fresh.scalars.update(scalars)
+        if len(new) > 1:
+            fresh.scalars[SHAPES] = full
+    if state is not None:
+        state.free()
+    return fresh
+
+
+def _row_width(layout: TokenRows, shape, width: int | None) -> int:
+    """``P`` of a token-sharded tensor of degree-1 ``shape`` (``width`` when known)."""
+    if width is not None:
+        return width
+    return layout.to_rows(torch.empty(tuple(shape), device="meta")).shape[2]

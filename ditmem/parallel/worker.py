@@ -89,7 +89,13 @@ class DeviceWorker:
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
         return cmd.Reply(self.index, ok, value, error, time.perf_counter() - start,
                          self.pool.num_used_pages, time.thread_time() - cpu,
-                         time.process_time() - proc, start)
+                         time.process_time() - proc, start,
+                         {rid: self._pages_of(rid) for rid in _named(command)})
+
+    def _pages_of(self, request_id: str) -> int:
+        """Pages (device or host) this device holds for ``request_id``."""
+        return sum(int(table[request_id].state.num_pages)
+                   for table in (self.held, self.parked) if request_id in table)
 
     def _part(self, request_id: str) -> Part:
         try:
@@ -129,10 +135,14 @@ class DeviceWorker:
         part = self.held.get(c.request_id) if self.index in c.old else None
         if self.index in c.old and part is None:
             raise KeyError(f"reshard: device {self.index} holds no part of {c.request_id!r}")
-        group = self.groups[c.cover]
-        fresh = state_moves.reshard(None if part is None else part.state, group, c.cover,
-                                    self.index, c.old, c.new, self.pool, c.request_id,
-                                    self.layout)
+        state = None if part is None else part.state
+        if c.cover is None:
+            fresh = state_moves.reshard(state, self.index, c.old, c.new, self.pool,
+                                        c.request_id, self.layout)
+        else:
+            fresh = state_moves.reshard_over_group(state, self.groups[c.cover], c.cover,
+                                                   self.index, c.old, c.new, self.pool,
+                                                   c.request_id, self.layout)
         self.held.pop(c.request_id, None)
         if fresh is not None:
             self.held[c.request_id] = Part(fresh, c.new)
@@ -207,6 +217,16 @@ class DeviceWorker:
     def _stats(self, c: cmd.Stats) -> cmd.DeviceStats:
         return cmd.DeviceStats(self.index, self.pool.num_used_pages, self.host.num_used_pages,
                                sorted(self.held), sorted(self.parked))
+
+
+def _named(command) -> list[str]:
+    """The request ids a command names."""
+    if isinstance(command, cmd.Step):
+        return list(command.request_ids)
+    if isinstance(command, cmd.Encode):
+        return [command.request.request_id] if command.request.request_id else []
+    rid = getattr(command, "request_id", None)
+    return [rid] if isinstance(rid, str) else []
 
 
 def _pin(index: int) -> None:

@@ -234,7 +234,7 @@ def test_a_move_behind_a_busy_source_waits_for_its_step(node):
     from ditmem.parallel import commands as cmd
 
     assert node.encode(_request("m", 1, 64, 64, cfg=False), 1)
-    assert node.encode(_request("busy", 2, 256, 256, cfg=True), 1)
+    assert node.encode(_request("busy", 2, 512, 512, cfg=True), 1)  # a step >> the pipes
     try:
         idle = node.move("m", (0,))
         node.move("m", (1,))
@@ -294,4 +294,31 @@ def test_engine_devices_report_each_moves_own_time(node):
     finally:
         for rid in reqs:
             node.release(rid)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_requests_peak_pages_sum_its_parts_on_every_device(node):
+    """After its encode and each step: the request's pages summed over the devices holding a
+    part (checked against the pools' own counts, the request alone on the node); the peak
+    is the largest such sum over its life, kept through a park and a restore elsewhere."""
+    r = _request("peak", 3, 64, 48, cfg=True)
+    assert node.encode(r, 1)
+    node.step([((1,), ["peak"])])
+    alone = _pages(node)
+    assert alone[0] == (0, 0) and alone[1][0] > 0
+    assert node.peak_pages("peak") == alone[1][0]
+    node.move("peak", (0, 1))
+    node.step([((0, 1), ["peak"])])
+    sharded = _pages(node)
+    both = sharded[0][0] + sharded[1][0]
+    assert both > alone[1][0]  # text and scalars are on both devices
+    assert node.peak_pages("peak") == both
+    node.park("peak")
+    assert node.restore("peak", (0,)) is not None
+    node.step([((0,), ["peak"])])
+    assert _pages(node)[0][0] == alone[1][0]
+    assert node.peak_pages("peak") == both  # the peak over its life
+    node.release("peak")
+    assert node.peak_pages("peak", forget=True) == both
+    assert node.peak_pages("peak") == 0 and "peak" not in node.request_pages
     assert _pages(node) == {0: (0, 0), 1: (0, 0)}
