@@ -26,8 +26,8 @@ def build_node_service(config, devices: int, *,
     import json
     import os
 
-    from ditmem import models
     from ditmem.engine.factory import pool_sizes, scheduler_model
+    from ditmem.parallel.front_model import load_for_checks
     from ditmem.parallel.node import NodeEngine
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.node.policies import NODE_POLICIES
@@ -42,7 +42,8 @@ def build_node_service(config, devices: int, *,
                          f"{config.policy!r}")
     if config.device not in ("cpu", "cuda", "npu"):
         raise ValueError(f"device: cpu, cuda or npu for a node, got {config.device!r}")
-    gen = models.load(config.model, dtype=config.dtype)  # request checks only, on the CPU
+    # the front checks requests only: the model's configs and tokenizer, no weights
+    gen = load_for_checks(config.model, config.dtype)
     key = scheduler_model(config.model, gen)
     profile = _node_profile(config, gen, key)
     pool_bytes, host_bytes = pool_sizes(config, "cpu" if config.device == "cpu" else
@@ -78,16 +79,45 @@ def build_node_service(config, devices: int, *,
 
 def _node_profile(config, gen, key: str) -> dict:
     """The profile as a dict: a JSON path as it is, a name from the packaged profiles,
-    or the single-device part measured at start ("auto"/"measure")."""
+    or the single-device part measured at start ("auto"/"measure"; ``gen`` is the front's
+    weightless generator: a measurement loads the model for itself and drops it before
+    the workers start)."""
+    import gc
     import json
     import os
 
+    from ditmem import models
     from ditmem.scheduler.profiles import load_profile
     from ditmem.tools.profile import startup_profile
 
+    if _must_measure(config, key):
+        gen = models.load(config.model, dtype=config.dtype)
     choice = startup_profile(gen, config.model, "cpu", config.profile,
                              frames=config.profile_frames, page_kb=config.page_kb)
+    del gen
+    gc.collect()
     if not os.path.isfile(choice):
         return load_profile(choice)
     with open(choice) as f:
         return json.load(f)
+
+
+def _must_measure(config, key: str) -> bool:
+    """Whether ``startup_profile`` will measure (and so needs the model's weights): for
+    "measure", and for "auto" without a usable kept measurement (its own rule)."""
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.profiles import ProfileError
+    from ditmem.tools.profile import STARTUP_CHOICES, profile_cache_path
+
+    if config.profile not in STARTUP_CHOICES:
+        return False
+    if config.profile == "measure":
+        return True
+    path = profile_cache_path(config.model, "cpu")
+    if not path.is_file():
+        return True
+    try:
+        CostModel.load(path).max_batch(key)
+    except (ProfileError, ValueError, OSError):
+        return True
+    return False

@@ -59,6 +59,20 @@ def _reference(generator, prompt: str, side: int, seed: int) -> np.ndarray:
         request_id=f"ref-{seed}"), PAGE)
 
 
+def _state_mb(generator, prompt: str, side: int, seed: int) -> float:
+    """MiB of pages one device's state of this request holds after a step (the reference
+    engine's own page count)."""
+    from ditmem.memory import PagePool
+
+    state = generator.encode(GenerationRequest(prompt, width=side, height=side,
+                                               num_inference_steps=STEPS, seed=seed,
+                                               request_id=f"pages-{seed}"), PagePool(512, PAGE))
+    generator.step([state])
+    pages = int(state.num_pages)
+    generator.release(state)
+    return round(pages * PAGE / (1 << 20), 3)
+
+
 def _pages(service) -> dict[int, int]:
     return {d: s.device_pages for d, s in service.node.stats().items()}
 
@@ -88,6 +102,10 @@ def test_concurrent_images_equal_the_single_device_reference(served, generator):
         assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
         (timing,) = body["timing"]["requests"]
         assert timing["steps"] == STEPS and timing["encode_ms"] > 0 and timing["decode_ms"] > 0
+        # its state's pages summed over the devices holding a part: at degree 1 what one
+        # device's state holds, at degree 2 up to twice that (text rows on both devices)
+        alone = _state_mb(generator, prompt, side, seed)
+        assert alone <= body["usage"]["peak_memory_mb"] <= 2 * alone + 1e-9, (alone, body)
         assert timing["encode_ms"] + timing["decode_ms"] < timing["running_ms"]
         assert timing["running_ms"] <= timing["latency_ms"] + 1e-3
     assert expected.std() > 1  # a real image, not a flat one
