@@ -120,14 +120,26 @@ def check_speedups(ncost: NodeCost, requests: Sequence[Request], degrees: Sequen
                 raise ValueError(f"speed-up {ncost.speedup(r.model, n, d)} > degree {d}")
 
 
+NODE_WORKS = ("profile", "deadline")
+
+
 def min_node_misses(
-    requests: Sequence[Request], ncost: NodeCost, devices: int, degrees: Sequence[int]
+    requests: Sequence[Request], ncost: NodeCost, devices: int, degrees: Sequence[int],
+    *, work: str = "profile",
 ) -> int:
     """A lower bound on the misses of any schedule of ``requests`` on ``devices`` devices
-    (module docstring). ``degrees``: the node's degrees."""
+    (module docstring). ``degrees``: the node's degrees. ``work="deadline"``: an on-time
+    request's work is instead ``least_device_seconds`` at its own SLO window (step rule):
+    it must finish within D − A, so its steps' charges are at least that (never below the
+    profile work; tighter where the deadline forces a costly degree or a short batch)."""
+    if work not in NODE_WORKS:
+        raise ValueError(f"work must be one of {NODE_WORKS}, got {work!r}")
     if not requests:
         return 0
     check_speedups(ncost, requests, degrees)
+    if work == "deadline":
+        floors = StepFloors(requests, ncost, degrees)
+        return _slow_count(requests, floors, devices, INF, "step", joint=True)
     hopeless = [r for r in requests if r.arrival + fastest_alone(r, ncost, degrees) > r.deadline]
     out = {r.id for r in hopeless}
     rest = [r for r in requests if r.id not in out]

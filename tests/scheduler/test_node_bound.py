@@ -49,6 +49,23 @@ def test_a_request_too_tight_even_at_the_best_degree_is_counted():
     assert min_node_misses([tight, ok, no], nc, 4, (1, 2, 4)) == 2
 
 
+def test_deadline_work_sees_a_forced_degree():
+    # On 4 devices, a 1024² (4 steps: 4 / 2 / 1.25 s at degree 1 / 2 / 4) due in 5.2 s and a
+    # 512² (4 steps of 1 s, no speed-up) due in 5.2 s, both at 0. Profile work: 16 + 4
+    # device-s <= 4 × 5.2 = 20.8: nothing forced. But the 1024² must average 1.3 s a step,
+    # i.e. mostly degree 4: 4 × (5 − 0.05 / 0.75) = 19.73 device-s, leaving 1.07 for the
+    # 512²'s 4: one must miss (a real schedule: degree 4 throughout holds every device for
+    # 5 s, and any step at degree 2 makes the 1024² 5.75 s long).
+    nc = node_cost()
+    big = req("big", 0, size=1024, steps=4, slo_ms=5200, cost=nc.cost)
+    small = req("small", 0, size=512, steps=4, slo_ms=5200, cost=nc.cost)
+    assert min_node_misses([big, small], nc, 4, (1, 2, 4)) == 0
+    assert min_node_misses([big, small], nc, 4, (1, 2, 4), work="deadline") == 1
+    assert min_node_misses([big], nc, 4, (1, 2, 4), work="deadline") == 0
+    with pytest.raises(ValueError, match="work must be"):
+        min_node_misses([big], nc, 4, (1, 2, 4), work="fastest")
+
+
 def test_clairvoyant_reference_is_never_below_the_bound():
     nc = node_cost()
     rs = [req(f"r{i}", 0.5 * i, size=512, steps=4, slo_ms=5000, cost=nc.cost) for i in range(12)]
@@ -74,6 +91,9 @@ def test_no_policy_beats_the_bound(specs, devices):
         for i, (at, size, steps, scale, p) in enumerate(specs)
     ]
     bound = min_node_misses(rs, nc, devices, degrees)
+    tight = min_node_misses(rs, nc, devices, degrees, work="deadline")
+    assert tight >= bound
+    bound = tight
     for policy in NODE_POLICIES:
         fresh = [r.resubmitted(r.arrival) for r in rs]
         for r, orig in zip(fresh, rs, strict=True):
