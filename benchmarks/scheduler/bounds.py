@@ -2,7 +2,7 @@
 its old and new form, and for each target "forbidden" (the bound excludes it) or "not
 forbidden", with the number.
 
-    python benchmarks/scheduler/bounds.py [--parts tail,single,node,demo] [--seeds 5]
+    python benchmarks/scheduler/bounds.py [--parts tail,single,node,demo,goodput] [--seeds 5]
         [--requests 2000] [--json OUT]
 
 Parts:
@@ -21,6 +21,9 @@ Parts:
 * ``node`` — 8 × h200 at ρ 0.7, seed-mix and omni-mix: the P95/P99/max latency bounds
   under the share rule (old) and the step rule (new, default), and the least P95 of any
   schedule holding ≥ 99 % (``joint_latency_bound``), beside the P95 target 0.5 × FIFO d=1.
+* ``goodput`` — 8 × h200: the highest ρ at which the node attainment bound still allows
+  99 %, with the profile work (old) and the deadline work (``min_node_misses(work=
+  "deadline")``, new), beside the goodput targets (slow: ~1 min per bisection point).
 * ``demo`` — the two-device demo trace (run 6's profile): ``node_demo.limits``, the latency
   floor/bound under both rules and the joint bound, beside the demo's P95 bar.
 
@@ -169,6 +172,36 @@ def part_node(seeds: tuple[int, ...], requests: int, workloads: list[str]) -> di
     return {"rows": rows}
 
 
+def part_goodput(seeds: tuple[int, ...], requests: int, workloads: list[str]) -> dict:
+    from ditmem.scheduler.experiment import highest_load
+    from ditmem.scheduler.node.bound import min_node_misses
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.experiment import NodeScenario
+
+    rows = []
+    for wl in workloads:
+        sc = NodeScenario(cost=CostModel.load("h200"), devices=8, workload=wl,
+                          requests=requests, seeds=seeds)
+        nc, deg = NodeCost(sc.cost), sc.node().degrees
+        row: dict = {"workload": wl}
+        for work in ("profile", "deadline"):
+            def allows(load: float, work=work, sc=sc, nc=nc, deg=deg) -> bool:
+                traces = [sc.requests_for(load, s) for s in seeds]
+                n = sum(len(t) for t in traces)
+                misses = sum(min_node_misses(t, nc, 8, deg, work=work) for t in traces)
+                return 1 - misses / n >= 0.99
+            t0 = time.time()
+            row[work] = highest_load(allows, 0.05, 1.2, 0.01)
+            log.info("goodput %s %s: %.3f (%.0f s)", wl, work, row[work], time.time() - t0)
+        rows.append(row)
+    print(f"\n## 8 x h200 goodput bound (highest ρ the bound lets hold 99 %, {len(seeds)} x "
+          f"{requests}); targets: slo >= 1.2 x elastic-np's")
+    for r in rows:
+        print(f"{r['workload']:<9} profile work (old) <= {r['profile']:.3f}, deadline work "
+              f"(new) <= {r['deadline']:.3f}")
+    return {"rows": rows}
+
+
 def part_demo() -> dict:
     from ditmem.scheduler.node.bound import joint_latency_bound, latency_bound, latency_floor
     from ditmem.scheduler.node.cost import NodeCost
@@ -202,7 +235,8 @@ def part_demo() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="tail,single,node,demo")
+    ap.add_argument("--parts", default="tail,single,node,demo",
+                    help="comma list of tail,single,node,demo,goodput (default: all but goodput)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--workloads", default="seed-mix,omni-mix", help="for the node part")
@@ -211,7 +245,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     seeds = tuple(range(args.seeds))
     parts = args.parts.split(",")
-    bad = [p for p in parts if p not in ("tail", "single", "node", "demo")]
+    bad = [p for p in parts if p not in ("tail", "single", "node", "demo", "goodput")]
     if bad:
         ap.error(f"unknown part {bad[0]!r}")
     out: dict = {"seeds": list(seeds), "requests": args.requests}
@@ -223,6 +257,8 @@ def main() -> None:
         out["node"] = part_node(seeds, args.requests, args.workloads.split(","))
     if "demo" in parts:
         out["demo"] = part_demo()
+    if "goodput" in parts:
+        out["goodput"] = part_goodput(seeds, args.requests, args.workloads.split(","))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
