@@ -132,15 +132,13 @@ def _wan_steps_rank(rank, groups, two_experts):
     parts = []
     for r in requests("sp"):
         mine = gen.encode(r, pool) if rank == 0 else None
-        parts.append(reshard(mine, group, (0, 1), rank, (0,), (0, 1), pool, r.request_id,
-                             layout))
+        parts.append(reshard(mine, rank, (0,), (0, 1), pool, r.request_id, layout))
     tokens = [p.scalars["tokens"] for p in parts]
     rows = [p.get("latents").shape for p in parts]
     experts = [list(p.scalars["experts"]) for p in parts]
     for _ in range(4):
         sharded_step(gen, parts, group, rank, 2)
-    back = [reshard(p, group, (0, 1), rank, (0, 1), (0,), pool, p.request_id, layout)
-            for p in parts]
+    back = [reshard(p, rank, (0, 1), (0,), pool, p.request_id, layout) for p in parts]
     if rank:
         assert all(b is None for b in back) and pool.num_used_pages == 0
         return tokens, rows, experts, None, None
