@@ -15,12 +15,22 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    lower-priority request whose remaining work alone covers the overrun, or else for an
    equal priority-0 request due later (``shield0``). So is a request that cannot finish in
    time even alone. Late requests are never dropped, and stay late: they join the *late
-   lane* (6.), and also run whenever nothing on time is runnable — first those that could
-   still finish in time alone (``alive_first``), then in lane order.
-2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
-   requests, whose deadlines are far, are deferred while they still have slack, and small
-   ones go first. ``protect`` > 0 additionally runs a priority-0 request as soon as the
-   priority-0 work alone would leave less than that fraction of its time spare.
+   lane* (6.), and also run whenever nothing on time is runnable (2.).
+2. **Run the oldest request the deadlines allow** (``order="fifo"``, default). Requests
+   are taken in arrival order — on-time and late ones alike — and the first whose next
+   iteration (``T`` s) leaves every on-time request feasible in the EDF plan of the rest
+   runs: each on-time request due before it must keep slack ``>= T`` plus ``order_margin``
+   (0.7) × its own SLO window (for a late one: every on-time request). When none passes
+   before the earliest deadline, the earliest deadline runs (EDF), so the give-up set is
+   the EDF plan's; with nothing on time, the oldest late request runs. Finishes move toward
+   arrival order where the slack allows (measured: the margin must be wide — at 0 the spent
+   slack costs a quarter of the attainment under bursts — and most of the tail gain comes
+   from serving late requests oldest first; docs/results/scheduler.md, Session 6).
+   ``order="edf"`` is the previous rule: the earliest deadline among on-time requests runs
+   (large requests, whose deadlines are far, wait while they have slack), late ones in spare
+   time by ``alive_first`` and lane order. ``protect`` > 0 additionally runs a priority-0
+   request as soon as the priority-0 work alone would leave less than that fraction of its
+   time spare.
    ``rescue0`` (default 0.5) runs an on-time priority-0 request whose own slack has fallen
    below that fraction of its remaining work ahead of earlier-due requests — only while each
    of those keeps slack for ``rescue_guard`` (10) of its steps, so they lose nothing.
@@ -74,6 +84,10 @@ from .tail_lane import TailLane, member_work, plan_seconds
 
 INF = float("inf")
 
+#: The serving order (step 2): ``"edf"`` earliest deadline among on-time requests; ``"fifo"``
+#: earliest arrival (late requests included) under the EDF guard.
+ORDERS = ("edf", "fifo")
+
 
 class SloPolicy(Policy):
     """See the module docstring. Options (defaults measured in docs/results/scheduler.md):
@@ -83,7 +97,8 @@ class SloPolicy(Policy):
     * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
-    * ``alive_first`` — late requests still able to finish in time alone run first (on);
+    * ``alive_first`` — with ``order="edf"``, late requests still able to finish in time alone
+      run first in spare time (on); ``order="fifo"`` runs the oldest first;
     * ``rescue0`` (0 = off) and ``rescue_guard`` — the targeted promotion of an at-risk
       priority-0 request (step 2);
     * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a
@@ -91,6 +106,9 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
+    * ``order`` (``"fifo"``: oldest first under the EDF guard; ``"edf"``: the previous
+      earliest-deadline order) and ``order_margin`` — the guard's spare time, a fraction of
+      each protected request's SLO window (step 2);
     * ``packing`` — the fraction of the best packing gain (the model's ``max_batch`` of the
       same shape) the give-up rule and the slacks credit each remaining step with (1: all;
       0: batch-1 times, the previous rule; measured in docs/results/scheduler.md);
@@ -140,6 +158,8 @@ class SloPolicy(Policy):
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
+        order: str = "fifo",
+        order_margin: float = 0.7,
         batching: bool = True,
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
@@ -169,6 +189,12 @@ class SloPolicy(Policy):
         if not 0.0 <= packing <= 1.0:
             raise ValueError(f"packing must be in [0, 1], got {packing!r}")
         self.packing = packing
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        if not order_margin >= 0:
+            raise ValueError(f"order_margin must be >= 0, got {order_margin!r}")
+        self.order = order
+        self.order_margin = order_margin
         self._gain: dict[tuple[str, int], float] = {}
         self.batching = batching
         self._static: dict[str, tuple[int, int]] = {}
@@ -399,14 +425,38 @@ class SloPolicy(Policy):
         if first is None and ontime and self.beta is not None:
             best = min(ontime, key=self._key)
             first = best if best.guard >= best.tau else None
+        if first is None and self.order == "fifo":
+            first = self._guarded_head(ontime, late)
         if first is not None:
             yield first
-        yield from ontime
+        yield from (c for c in ontime if c is not first)
         pos = self.lane.positions()
         behind = len(pos)  # a request the lane never saw (started by hand) goes last
         yield from sorted(
             late, key=lambda c: late_order(now, c, self.alive_first, pos.get(c.req.id, behind))
         )
+
+    def _guarded_head(self, ontime: list[Candidate], late: list[Candidate]):
+        """``order="fifo"``: the earliest-arrived request, on time or late, whose next
+        iteration leaves every on-time request feasible in the EDF plan of the rest with
+        ``order_margin`` × its SLO window to spare — running ``c`` for ``T`` s takes ``T``
+        from the slack of each on-time request due before it (for a late ``c``: of every
+        on-time request) and from no other. None when that is the EDF head itself (or none
+        passes): the EDF order then runs."""
+        pool, guard = [], INF
+        for c in ontime:  # deadline order
+            pool.append((c, guard))
+            guard = min(guard, c.slack - self.order_margin * (c.req.deadline - c.req.arrival))
+        pool += [(c, guard) for c in late]
+        pool.sort(key=lambda e: (e[0].req.arrival, e[0].req.id))
+        head = ontime[0] if ontime else None
+        for c, g in pool:
+            if c is head:
+                return None
+            last = c.rem - c.enc - c.dec <= c.tau * (1 + 1e-9)
+            if g >= c.tau + c.enc + (c.dec if last else 0.0):
+                return c
+        return None
 
     @staticmethod
     def _victim_order(status: RequestStatus) -> tuple:

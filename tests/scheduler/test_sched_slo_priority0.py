@@ -82,10 +82,13 @@ def test_late_requests_that_can_still_make_it_alone_run_first():
         eng.arrive(req(f"F{i}", t, steps=1, slo_ms=3_000, cost=cost))
     # L needs 4 s by 15 s: feasible alone, but not with 1.6 s forecast ahead of it (late).
     eng.arrive(req("L", 10.0, steps=4, slo_ms=5_000, cost=cost))
-    alive = make_policy("slo", cost).schedule(10.0, eng.view())
-    shortest = make_policy("slo", cost, alive_first=False).schedule(10.0, eng.view())
+    # (alive_first orders the late requests of the deadline order, order="edf")
+    alive = make_policy("slo", cost, order="edf").schedule(10.0, eng.view())
+    lane = make_policy("slo", cost, order="edf", alive_first=False).schedule(10.0, eng.view())
     assert alive.batch == ["L"]
-    assert shortest.batch == ["F0"]
+    assert lane.batch == ["F0"]
+    # order="fifo" (the default): with nothing on time, the oldest request runs
+    assert make_policy("slo", cost).schedule(10.0, eng.view()).batch == ["F0"]
 
 
 def test_explain_misses_reports_what_ran_in_the_window():

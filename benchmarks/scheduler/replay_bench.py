@@ -1,0 +1,166 @@
+"""The HTTP bench's trace replayed in the simulator: fifo, slo's previous deadline order
+(``order="edf"``) and its default side by side, on the measured profile with timing noise on.
+
+    python benchmarks/scheduler/replay_bench.py [--bench JSON] [--seeds 3] [--json OUT]
+        [--setting LABEL=KEY:VALUE,KEY:VALUE ...]
+
+``--bench`` (default ``benchmarks/serving/results/bench_omni_random_s5.json``, written by
+``benchmarks/serving/bench_serving.py --mix omni-random --json``) carries both runs'
+per-request rows (arrival, sides, steps, the client's SLO) and the profile the server
+measured at start. Row "bench trace": the bench's own arrivals and shapes, deadlines as the
+server sets them (3 × the profile's standalone time), attainment both against those and
+against the client's SLOs (its warm-up rule). Rows "seed k": the same shapes with fresh
+Poisson arrivals at the bench's load (``--load``, default 0.8), server deadlines only.
+Columns: attainment (%), P50/P95/P99/max latency (s) and P95/P99/max over fifo's.
+
+``--demo RUN.json`` (repeatable; a ``ditmem demo --json`` file with its
+``RUN_profile.json`` beside it, e.g. ``benchmarks/serving/results/demo_s5_run1.json``):
+the demo's trace rebuilt from its settings (workload, divisor, requests, seed, load) on the
+profile that run measured, each setting simulated with the run's decode mode per policy
+(the demo's own prediction also fixes the engine's page pool; this replay keeps the
+profile's), beside what the run measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+
+from ditmem.scheduler import CostModel
+from ditmem.scheduler.metrics import summarize
+from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise
+from ditmem.scheduler.policies import make_policy
+from ditmem.scheduler.request import Request
+from ditmem.scheduler.simulator import simulate
+from ditmem.scheduler.workloads import with_load, workload
+
+DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
+SETTINGS = [("fifo", "fifo", {}), ("slo edf", "slo", {"order": "edf"}), ("slo", "slo", {})]
+
+
+def bench_trace(bench: dict) -> tuple[list[Request], dict[str, float]]:
+    """The bench's requests (fifo run's rows: arrivals and shapes, the same for every run) and
+    each one's client-side SLO (s)."""
+    rows = next(iter(bench["runs"].values()))["per_request"]
+    reqs = [Request(id=r["id"], arrival=r["arrival_s"], width=r["width"], height=r["height"],
+                    frames=r["frames"], steps=r["steps"], priority=r["priority"])
+            for r in rows]
+    return reqs, {r["id"]: r["slo_s"] for r in rows}
+
+
+def parse_setting(text: str) -> tuple[str, str, dict]:
+    """``LABEL=KEY:VALUE,...`` -> ("LABEL", "slo", options); values as JSON where they parse."""
+    label, _, opts = text.partition("=")
+    options = {}
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition(":")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return label, "slo", options
+
+
+def demo_trace(run: dict, cost: CostModel) -> list[Request]:
+    """The requests ``ditmem demo`` built for ``run`` (its JSON row): the workload at the
+    run's load, sides divided by its divisor, arrivals and deadlines from ``cost``."""
+    reqs = workload(run["workload"], cost, load=run["load"], requests=run["requests"],
+                    seed=run["seed"], arrival=run["arrival"], scale="gpu")
+    for r in reqs:
+        r.width = max(16, r.width // run["divisor"] // 16 * 16)
+        r.height = max(16, r.height // run["divisor"] // 16 * 16)
+    return with_load(reqs, cost, run["load"], seed=run["seed"], arrival=run["arrival"])
+
+
+def replay_demo(path: str, settings, sigma: float) -> list[dict]:
+    """Every setting on the trace of the demo run in ``path`` (module docstring)."""
+    with open(path) as fh:
+        runs = {r["policy"]: r for r in json.load(fh)}
+    cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+    first = next(iter(runs.values()))
+    reqs = demo_trace(first, cost)
+    print(f"demo {path}: {len(reqs)} requests, measured: " + "; ".join(
+        f"{p} {100 * r['slo_attainment']:.1f} % P95 {r['p95_s']:.2f} P99 {r['p99_s']:.2f} "
+        f"max {r['max_s']:.2f} (its sim {100 * r['sim_slo_attainment']:.1f} % "
+        f"P95 {r['sim_p95_s']:.2f})" for p, r in runs.items()))
+    rows = []
+    for label, policy, options in settings:
+        decode = first["decode"].get(policy, "inline")
+        pol = make_policy(policy, cost.fresh(), **options)
+        result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
+                          noise=TimingNoise(sigma=sigma, seed=0))
+        out = summarize(result.records)
+        out.update(trace=path, setting=label, options=options)
+        rows.append(out)
+    return rows
+
+
+def run(reqs: list[Request], cost: CostModel, policy: str, options: dict, seed: int,
+        sigma: float, client_slo: dict[str, float] | None) -> dict:
+    pol = make_policy(policy, cost.fresh(), **options)
+    result = simulate(reqs, pol, noise=TimingNoise(sigma=sigma, seed=seed))
+    out = summarize(result.records)
+    if client_slo is not None:
+        met = [rec.latency <= client_slo[rec.request.id] for rec in result.records]
+        out["client_attainment"] = sum(met) / len(met)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default=DEFAULT_BENCH)
+    ap.add_argument("--seeds", type=int, default=3,
+                    help="fresh-arrival traces (seeds 1..N) besides the bench's (seed 0)")
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--noise", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--setting", action="append", default=[],
+                    help="extra slo row LABEL=KEY:VALUE,... (repeatable)")
+    ap.add_argument("--demo", action="append", default=[],
+                    help="a ditmem demo --json file to replay as well (repeatable)")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with open(args.bench) as fh:
+        bench = json.load(fh)
+    cost = CostModel.from_dict(bench["profile_data"])
+    base, client = bench_trace(bench)
+    traces = [("bench trace", [cost.assign_deadline(r.resubmitted(r.arrival)) for r in base],
+               client)]
+    for seed in range(1, args.seeds + 1):  # seed 0 is the bench's own arrivals
+        traces.append((f"seed {seed}", with_load(base, cost, args.load, seed=seed), None))
+    settings = SETTINGS + [parse_setting(s) for s in args.setting]
+    rows: list[dict] = []
+    print(f"{len(base)} requests ({args.bench}), profile {cost.name!r}, noise {args.noise:g}")
+    print(f"{'trace':<12} {'policy':<22} {'att %':>6} {'client':>6} {'P50':>6} {'P95':>6} "
+          f"{'P99':>6} {'max':>6} {'P95/f':>6} {'P99/f':>6} {'max/f':>6}")
+    for name, reqs, slo in traces:
+        found = [run(reqs, cost, policy, options, 0, args.noise, slo) | dict(
+            trace=name, setting=label, options=options) for label, policy, options in settings]
+        show(found, slo is not None)
+        rows += found
+    for path in args.demo:
+        found = replay_demo(path, settings, args.noise)
+        show(found, False)
+        rows += found
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"bench": args.bench, "rows": rows}, fh, indent=2)
+        print(f"json: {args.json}")
+
+
+def show(rows: list[dict], client: bool) -> None:
+    """Print ``rows`` (one trace's settings, fifo first) with ratios to the first."""
+    fifo = rows[0]
+    for r in rows:
+        name = r["trace"].rsplit("/", 1)[-1].removesuffix(".json")
+        client_att = f"{100 * r['client_attainment']:6.1f}" if client else f"{'':>6}"
+        print(f"{name:<12} {r['setting']:<22} {100 * r['slo_attainment']:6.1f} {client_att} "
+              f"{r['p50_s']:6.2f} {r['p95_s']:6.2f} {r['p99_s']:6.2f} {r['max_s']:6.2f} "
+              f"{r['p95_s'] / fifo['p95_s']:6.2f} {r['p99_s'] / fifo['p99_s']:6.2f} "
+              f"{r['max_s'] / fifo['max_s']:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
