@@ -51,6 +51,27 @@ def test_the_front_generator_holds_no_weights_and_checks_as_the_model(model):
     assert any(isinstance(g, str) for g, _ in outcomes)  # refusals are compared too
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen-image", "tiny-wan"])
+def test_a_diffusers_folder_is_read_without_its_weight_files(model, tmp_path):
+    """The tiny pipeline saved as a diffusers folder, loaded fully, then its weight files
+    removed: the front still builds from the configs, tokenizer and scheduler alone, and
+    checks as the fully loaded folder."""
+    models.load(model).pipe.save_pretrained(tmp_path)
+    full = models.load(str(tmp_path))
+    weights = [p for p in tmp_path.rglob("*") if p.suffix in (".safetensors", ".bin")]
+    assert weights
+    for p in weights:
+        p.unlink()
+    front = load_for_checks(str(tmp_path))
+    assert weight_bytes(front) == 0
+    assert ModelRules.of(front) == ModelRules.of(full)
+    assert count_tokens(front, "a red cat") == count_tokens(full, "a red cat")
+    for ask in ASKS:
+        assert _outcome(front, ask, 1 << 14) == _outcome(full, ask, 1 << 14)
+    with pytest.raises(ValueError, match="model_index.json"):
+        load_for_checks(str(tmp_path / "transformer"))
+
+
 @pytest.mark.slow
 def test_serve_devices_front_loads_no_weights(monkeypatch):
     """The real start of ``serve --devices 2`` (saved profile, workers started) with the
