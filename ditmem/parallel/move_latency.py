@@ -2,7 +2,7 @@
 
 A move of paused state (re-shard between groups over the device link, park on the host,
 restore from it) costs its bytes over a link plus a fixed part: the command's round trip
-to every worker it involves, the collectives' set-up, the page bookkeeping. The fixed part
+to every worker it involves, the exchange's set-up, the page bookkeeping. The fixed part
 is what ``links.move_latency_s`` prices (``ditmem.scheduler.node.speedup.Links``: seconds
 per move command). :func:`measure_move_latency` moves one tiny request (a few KiB of state:
 its bytes take microseconds on any link) around two idle workers — re-shards 1 → 2 → 1

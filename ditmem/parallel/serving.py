@@ -86,7 +86,8 @@ class NodeService:
     """The node behind the HTTP app (see module docstring).
 
     node: a started ``NodeEngine`` (owned: stopped with the service); generator: the model
-    in this process, for the request checks only (rules, tokenizer, page estimate); cost:
+    in this process, for the request checks only (rules, tokenizer, page estimate;
+    ``serve --devices`` passes one without weights, ``front_model.load_for_checks``); cost:
     a ``CostModel`` whose profile has the node's ``parallel`` and ``links`` sections (owned:
     its device and host pool sizes are set to the node's, so the loop counts the pages the
     workers have);
