@@ -407,10 +407,10 @@ class NodeSloPolicy(NodePolicy):
         if not self.decode_guard or not self._until:
             return False
         now = placer.view.now
-        if self._starving(now, c):
-            return False
         outside = [self._until[d] for d in range(self.node.devices) if not g.mask >> d & 1]
-        free_at = min(outside) - now if outside else INF
+        if not outside or self._starving(now, c):
+            return False  # on the whole node, waiting would only idle it
+        free_at = min(outside) - now
         job = self._job_s(c, g.degree)
         if job <= free_at and job <= self._tight:
             return False
@@ -470,13 +470,14 @@ class NodeSloPolicy(NodePolicy):
         return False
 
     def _final_cap(self, c: _Cand) -> int:
-        """The largest degree for ``c``'s next step (``decode_aware``): any when it is not
-        its last; else the largest whose job (that step, then the decode, a single-device
-        stage that holds the whole group) runs at parallel efficiency >= ``efficiency``
-        against degree 1 — on the two-device demo's CPU profile a 1024² decode is 20 steps,
-        on h200 a 2048²'s is a seventh of one."""
+        """The largest degree for ``c``'s next step (``decode_aware``): any unless it is its
+        last and its decode (a single-device stage that holds the whole group) outlasts a
+        degree-1 step; then the largest whose job (that step, then the decode) runs at
+        parallel efficiency >= ``efficiency`` against degree 1. On the two-device demo's CPU
+        profile a 1024² decode is 20 steps; on h200 a 2048²'s is a seventh of one (capping
+        there cost the 8-device P95 1 s: docs/results/node.md, Session 6)."""
         degrees = self.node.degrees
-        if not self.decode_aware or c.steps_left != 1:
+        if not self.decode_aware or c.steps_left != 1 or c.dec <= c.step(0):
             return degrees[-1]
         one = c.step(0) + c.dec
         best = 1
