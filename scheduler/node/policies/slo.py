@@ -313,10 +313,16 @@ class NodeSloPolicy(NodePolicy):
             for c in cands:
                 if not c.started:
                     window = c.req.deadline - c.req.arrival
-                    self._tight = min(self._tight, window - c.steps_left * c.step(best)
-                                      - c.dec - c.enc)
+                    slack = window - c.steps_left * c.step(best) - c.dec - c.enc
+                    self._tight = min(self._tight, max(0.0, slack))
             self._now = now
-            self._until = [max(now, t) for t in view.busy_until]
+            # Only running jobs hold a device (each ends in a completion, so a request held
+            # back is decided on again; a predicted send may outlast its job).
+            self._until = [now] * self.node.devices
+            for s in view.running:
+                if s.group is not None:
+                    for d in s.group.devices:
+                        self._until[d] = max(self._until[d], s.job_end)
         running = [
             self._cand(s, s.request, s.steps_done + 1, s.group, now) for s in view.running
         ]
