@@ -192,8 +192,9 @@ def test_slo_does_not_move_a_paused_request_off_a_device_mid_step():
 
 def test_slo_moves_an_urgent_request_off_a_busy_device_whatever_the_wait():
     """As above, but p's deadline is 5 s away with 3 s of work left (slack 2 s < half its
-    5 s window): urgent, it is moved to device 1 even though the copy waits 10 s for
-    device 0 (else a request spread over busy devices could wait for ever)."""
+    5 s window, with ``urgent`` = 0.5): urgent, it is moved to device 1 even though the
+    copy waits 10 s for device 0 (else a request spread over busy devices could wait for
+    ever)."""
     nc = node_cost()
     node = Node(2, nc.links)
     p = req("p", 0, size=512, steps=4, slo_ms=5_000, cost=nc.cost)
@@ -203,7 +204,7 @@ def test_slo_moves_an_urgent_request_off_a_busy_device_whatever_the_wait():
                          job_end=10.0)
     view = NodeView(0.0, node, 0b10, [paused], [running], WaitingQueue(), [100, 100], 100,
                     PAGE, None, [10.0, 0.0])
-    pol = make_node_policy("slo", nc, node, forecast=False, move_wait=0.0)
+    pol = make_node_policy("slo", nc, node, forecast=False, move_wait=0.0, urgent=0.5)
     plan = pol.schedule(view)
     assert [(a.group, a.batch) for a in plan.assignments] == [(Group(1, 1), ["p"])]
 

@@ -53,6 +53,21 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    a paused request resumes on any group (peer copy, re-sharding), and memory is made by
    parking paused requests on the host (``Placer``).
 
+**Long decodes** (``decode_aware``, ``decode_guard``; on by default). A job ends with the
+decodes of the members whose last step it runs, a single-device stage that holds the job's
+whole group (on the two-device demo's CPU profile a 1024² decode lasts 20 of its steps and
+a 512²'s 40; on h200 a seventh of a step). So a request's last step whose decode outlasts a
+degree-1 step runs at the largest degree whose job (step + decode) keeps parallel efficiency
+``efficiency`` (degree 1 on the demo: a degree-2 last step idled the second device for the
+whole decode); a batch join counts the decodes of the members finishing no later; and a
+job waits (``_holds_back``) where, while it runs, every device outside its group would be
+held (running, or given a job in this decision) past the slack of a request that then finds
+no device: an on-time one due earlier and not placed yet (the urgent rule would otherwise
+put a long last step before it), or, for a last step not urgent, the next arrival (the
+tightest slack seen). Two 1024² decodes at once on the demo's two devices made every small
+arrival meanwhile miss. Seed-mix ÷ 2 on the demo's profiles, 10 seeds: attainment 91.0 →
+98.3 % (docs/results/node.md, Session 6); on 8 × h200 no change beyond noise.
+
 A move needs every device it reads from and writes to. A paused request whose state is on
 devices still running another job's step (``Placer.stuck``) goes to a group holding those
 devices when one is free; else it is moved only when the wait for that step (it idles the
@@ -118,7 +133,8 @@ class NodeSloPolicy(NodePolicy):
     remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
     past the deadline before a late request goes first), ``move_wait`` (the longest wait for
     a paused request's busy devices a move may take, in its steps at the new degree),
-    ``park`` (park displaced paused requests on the host),
+    ``park`` (park displaced paused requests on the host), ``decode_aware`` and
+    ``decode_guard`` (long decodes: see the module docstring),
     ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0)."""
@@ -133,7 +149,7 @@ class NodeSloPolicy(NodePolicy):
         window: int = 64,
         give_up_power: float = 2.0,
         forecast: bool = True,
-        urgent: float = 0.5,
+        urgent: float = 0.35,
         longest: int = 2,
         efficiency: float = 0.65,
         reserve: bool = True,
