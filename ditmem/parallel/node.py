@@ -148,14 +148,22 @@ class _Channel:
 
     def _read(self) -> None:
         while True:
+            error = None
             try:
                 reply = self.conn.recv()
             except (EOFError, OSError):  # the worker exited (or was killed)
                 break
+            except Exception as exc:  # noqa: BLE001 - a reply that does not unpickle (e.g.
+                # a worker of other code): that command fails, the channel reads on
+                error = CommandFailed(f"device {self.device}: its reply could not be read: "
+                                      f"{type(exc).__name__}: {exc}")
             with self._lock:
                 fut = self.pending.popleft() if self.pending else None
             if fut is not None:
-                fut.set_result(reply)
+                if error is None:
+                    fut.set_result(reply)
+                else:
+                    fut.set_exception(error)
         reason = self._on_lost(self.device)
         with self._lock:
             self.lost = reason
