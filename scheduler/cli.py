@@ -139,7 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_options(items: list[str]) -> dict[str, dict]:
-    """``--opt POLICY.KEY=VALUE`` items as {policy: {key: value}} (VALUE is JSON, or None)."""
+    """``--opt POLICY.KEY=VALUE`` items as {policy: {key: value}}: VALUE is JSON (``0.5``,
+    ``true``, ``"edf"``), ``None``, or else the bare string (``slo.order=edf``); the policy
+    checks the value and names the option when it is wrong."""
     out: dict[str, dict] = {}
     for item in items:
         try:
@@ -147,8 +149,19 @@ def parse_options(items: list[str]) -> dict[str, dict]:
             policy, key = target.split(".", 1)
         except ValueError:
             raise ValueError(f"--opt {item!r}: expected POLICY.KEY=VALUE") from None
-        out.setdefault(policy, {})[key] = json.loads(value) if value not in ("None",) else None
+        if not policy or not key:
+            raise ValueError(f"--opt {item!r}: expected POLICY.KEY=VALUE")
+        out.setdefault(policy, {})[key] = _option_value(value)
     return out
+
+
+def _option_value(text: str):
+    if text == "None":
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def _scenario(args) -> Scenario:

@@ -31,3 +31,24 @@ def test_node_policies_check_their_options_too():
         make_node_policy("elastic-np", ncost, node, guard=True)
     with pytest.raises(ValueError, match="policy 'fifo'.*baseline_degree"):
         make_node_policy("fifo", ncost, node, baseline_degree=1, x=1)
+
+
+def test_opt_values_are_json_none_or_the_bare_string():
+    from ditmem.scheduler.cli import parse_options
+
+    got = parse_options(["slo.order=edf", 'slo.tail="fifo"', "slo.packing=0.5",
+                         "slo.batching=false", "slo.beta=None"])
+    assert got == {"slo": {"order": "edf", "tail": "fifo", "packing": 0.5,
+                           "batching": False, "beta": None}}
+    for bad in ("slo.order", ".order=edf", "slo.=1"):
+        with pytest.raises(ValueError, match="expected POLICY.KEY=VALUE"):
+            parse_options([bad])
+
+
+def test_a_bare_string_the_policy_does_not_take_is_named_by_it():
+    from ditmem.scheduler.cli import parse_options
+
+    opts = parse_options(["slo.order=edf"])["slo"]
+    assert make_policy("slo", CostModel.load("h200"), **opts).order == "edf"
+    with pytest.raises(ValueError, match="order"):
+        make_policy("slo", CostModel.load("h200"), **parse_options(["slo.order=lifo"])["slo"])
