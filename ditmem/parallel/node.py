@@ -198,7 +198,8 @@ class NodeEngine:
         self.parked: dict[str, list] = {}
         self.failed: dict[str, str] = {}
         self.dead: dict[int, str] = {}
-        #: failed requests' parts left on live devices (freed by :meth:`release`)
+        #: parts the engine no longer tracks, by request: a failed request's left on live
+        #: devices, a failed move's devices (freed by :meth:`release`)
         self.orphans: dict[str, tuple[int, ...]] = {}
         #: device pages in use per device, from the latest reply of each (no round trip)
         self.device_pages: dict[int, int] = dict.fromkeys(range(num_devices), 0)
@@ -261,13 +262,15 @@ class NodeEngine:
                 if device in devices:
                     self.failed[rid] = reason
                     del self.holders[rid]
-                    self.orphans[rid] = tuple(d for d in devices if d != device)
+                    self.orphans[rid] = tuple(sorted({*self.orphans.get(rid, ()), *devices}
+                                                     - {device}))
                     failed.append(rid)
             for rid, parts in list(self.parked.items()):
                 if any(p.device == device for p in parts):
                     self.failed[rid] = reason
                     del self.parked[rid]
-                    self.orphans[rid] = tuple(p.device for p in parts if p.device != device)
+                    self.orphans[rid] = tuple(sorted({*self.orphans.get(rid, ()),
+                                                     *(p.device for p in parts)} - {device}))
                     failed.append(rid)
         if self.on_lost is not None:
             self.on_lost(device, reason, failed)
@@ -427,7 +430,15 @@ class NodeEngine:
             commands = {d: cmd.Reshard(request_id, old, new, cover) for d in cover}
         else:
             commands = {d: cmd.Reshard(request_id, old, new) for d in sorted({*old, *new})}
-        _, timing = self._timed(commands)
+        try:
+            _, timing = self._timed(commands)
+        except Exception:
+            # the old holders may have sent and freed their parts and some new holders kept
+            # theirs (another ran out of room): a release must reach every one of them
+            with self._lock:
+                self.orphans[request_id] = tuple(sorted({*self.orphans.get(request_id, ()),
+                                                         *old, *new}))
+            raise
         with self._lock:
             self.holders[request_id] = new
         return timing
