@@ -96,3 +96,43 @@ def test_serve_devices_front_loads_no_weights(monkeypatch):
         assert result.peak_bytes > 0
     finally:
         service.drain(30)
+
+
+@pytest.mark.parametrize("choice, kept, measures", [
+    ("auto", None, True), ("auto", "usable", False), ("auto", "broken", True),
+    ("measure", "usable", True), (str(PROFILE), None, False)])
+def test_the_front_loads_the_weights_exactly_when_the_profile_is_measured(
+        choice, kept, measures, monkeypatch, tmp_path):
+    """``serve --devices``'s start-up profile: the full model is loaded in the front only
+    for a measurement, and every measurement gets it (never the weightless generator),
+    whatever the kept profile's state; a measurement is stubbed (the saved profile)."""
+    import json
+
+    import ditmem.tools.profile as prof
+    from ditmem.engine.factory import EngineConfig
+    from ditmem.parallel.service_factory import _node_profile
+
+    monkeypatch.setenv("DITMEM_CACHE", str(tmp_path))
+    saved = json.loads(PROFILE.read_text())
+    if kept is not None:
+        path = prof.profile_cache_path("tiny-qwen-image", "cpu")
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(saved if kept == "usable" else {"format": 1}))
+    loads, measured = [], []
+    real_load = models.load
+
+    def load(*args, **kwargs):
+        loads.append(args[0])
+        return real_load(*args, **kwargs)
+
+    def measure(gen, *args, **kwargs):
+        measured.append(weight_bytes(gen))
+        return saved
+
+    monkeypatch.setattr(models, "load", load)
+    monkeypatch.setattr(prof, "measure_profile", measure)
+    config = EngineConfig(model="tiny-qwen-image", profile=choice, page_kb=16)
+    profile = _node_profile(config, load_for_checks("tiny-qwen-image"), "qwen-image")
+    assert profile["models"] == saved["models"]
+    assert len(measured) == int(measures) and all(b > 0 for b in measured)
+    assert loads == (["tiny-qwen-image"] if measures else [])
