@@ -137,7 +137,11 @@ def _folder(path: str):
         if cls_name is None:
             parts[name] = None
             continue
-        cls = getattr(diffusers if library == "diffusers" else transformers, cls_name)
+        cls = getattr({"diffusers": diffusers, "transformers": transformers}.get(library),
+                      cls_name, None)
+        if cls is None:
+            raise ValueError(f"model: {path}: component {name!r} is {library}.{cls_name}, "
+                             "not a class of diffusers or transformers")
         sub = os.path.join(path, name)
         if name in ("tokenizer", "scheduler"):
             parts[name] = cls.from_pretrained(sub)

@@ -70,6 +70,11 @@ def test_a_diffusers_folder_is_read_without_its_weight_files(model, tmp_path):
         assert _outcome(front, ask, 1 << 14) == _outcome(full, ask, 1 << 14)
     with pytest.raises(ValueError, match="model_index.json"):
         load_for_checks(str(tmp_path / "transformer"))
+    index = tmp_path / "model_index.json"
+    index.write_text(index.read_text().replace('"transformer": [\n    "diffusers",',
+                                               '"transformer": [\n    "nowhere",'))
+    with pytest.raises(ValueError, match="'transformer' is nowhere"):
+        load_for_checks(str(tmp_path))
 
 
 @pytest.mark.slow
