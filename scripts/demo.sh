@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README Quick start): set up, then run the two-device demo
 # (`ditmem demo --devices 2`: fifo on two static replicas vs slo with elastic degree and
-# migration) — or the one-device demo on a one-core machine or when --devices is given.
+# migration) — the one-device demo on a one-core machine; a --devices given is passed on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
