@@ -88,9 +88,9 @@ def _node_profile(config, gen, key: str) -> dict:
 
     from ditmem import models
     from ditmem.scheduler.profiles import load_profile
-    from ditmem.tools.profile import startup_profile
+    from ditmem.tools.profile import startup_profile, will_measure
 
-    if _must_measure(config, key):
+    if will_measure(config.model, "cpu", config.profile, key):
         gen = models.load(config.model, dtype=config.dtype)
     choice = startup_profile(gen, config.model, "cpu", config.profile,
                              frames=config.profile_frames, page_kb=config.page_kb)
@@ -100,24 +100,3 @@ def _node_profile(config, gen, key: str) -> dict:
         return load_profile(choice)
     with open(choice) as f:
         return json.load(f)
-
-
-def _must_measure(config, key: str) -> bool:
-    """Whether ``startup_profile`` will measure (and so needs the model's weights): for
-    "measure", and for "auto" without a usable kept measurement (its own rule)."""
-    from ditmem.scheduler import CostModel
-    from ditmem.scheduler.profiles import ProfileError
-    from ditmem.tools.profile import STARTUP_CHOICES, profile_cache_path
-
-    if config.profile not in STARTUP_CHOICES:
-        return False
-    if config.profile == "measure":
-        return True
-    path = profile_cache_path(config.model, "cpu")
-    if not path.is_file():
-        return True
-    try:
-        CostModel.load(path).max_batch(key)
-    except (ProfileError, ValueError, OSError):
-        return True
-    return False

@@ -232,6 +232,28 @@ def profile_cache_path(model: str, device: str) -> Path:
     return root / "profiles" / f"{key}.json"
 
 
+def _kept_problem(path, key: str) -> str | None:
+    """Why the kept measurement at ``path`` cannot schedule model ``key`` (None: it can)."""
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.profiles import ProfileError
+
+    try:
+        CostModel.load(path).max_batch(key)
+    except (ProfileError, ValueError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def will_measure(model: str, device: str, choice: str, key: str) -> bool:
+    """Whether ``startup_profile(..., choice)`` measures now (and so needs the model's
+    weights): for "measure", and for "auto" without a usable kept measurement of ``key``
+    (the scheduler's model name)."""
+    if choice not in STARTUP_CHOICES:
+        return False
+    path = profile_cache_path(model, device)
+    return choice == "measure" or not path.is_file() or _kept_problem(path, key) is not None
+
+
 def startup_profile(gen, model: str, device: str, choice: str, *, frames: int = 1,
                     page_kb: int = 64, log=None) -> str:
     """The profile an engine schedules with, as a name or JSON path: ``choice`` "auto" — the
@@ -241,8 +263,6 @@ def startup_profile(gen, model: str, device: str, choice: str, *, frames: int = 
     if choice not in STARTUP_CHOICES:
         return choice
     from ditmem.engine.factory import scheduler_model
-    from ditmem.scheduler import CostModel
-    from ditmem.scheduler.profiles import ProfileError
 
     log = log or logging.getLogger("ditmem.profile").warning
     key = scheduler_model(model, gen)
@@ -250,13 +270,12 @@ def startup_profile(gen, model: str, device: str, choice: str, *, frames: int = 
     batches, repeats = STARTUP_BATCHES, STARTUP_REPEATS
     path = profile_cache_path(model, device)
     if choice == "auto" and path.is_file():
-        try:
-            CostModel.load(path).max_batch(key)
+        problem = _kept_problem(path, key)
+        if problem is None:
             log(f"profile: {path} (measured earlier on this machine; --profile measure "
                 "to measure again)")
             return str(path)
-        except (ProfileError, ValueError, OSError) as exc:
-            log(f"profile: {path} is unusable ({exc}); measuring again")
+        log(f"profile: {path} is unusable ({problem}); measuring again")
     log(f"profile: measuring {model} on {device} (sides {list(sides)}, batches "
         f"{list(batches)}) ...")
     t0 = time.perf_counter()
