@@ -128,3 +128,27 @@ class HandEngine:
         return SchedulerView(
             list(self.active.values()), self.waiting, mem, self.last_batch, self.max_active
         )
+
+
+def edf_feasible(jobs) -> bool:
+    """Preemptive EDF with release dates on one machine, the exact feasibility test a brute
+    force builds on: ``jobs`` = (release, deadline, work) tuples; True when every job can
+    finish by its deadline."""
+    jobs = sorted(jobs)
+    now, k, live = 0.0, 0, []
+    while k < len(jobs) or live:
+        if not live:
+            now = max(now, jobs[k][0])
+        while k < len(jobs) and jobs[k][0] <= now + 1e-12:
+            live.append([jobs[k][1], jobs[k][2]])
+            k += 1
+        live.sort()
+        nxt = jobs[k][0] if k < len(jobs) else float("inf")
+        run = min(live[0][1], nxt - now)
+        now += run
+        live[0][1] -= run
+        if live[0][1] <= 1e-12:
+            if now > live[0][0] + 1e-9:
+                return False
+            live.pop(0)
+    return True

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from node_factories import node_cost, run
-from sched_factories import req
+from sched_factories import edf_feasible, req
 
 from ditmem.scheduler.metrics import percentile
 from ditmem.scheduler.node.bound import (
@@ -212,28 +212,6 @@ def test_no_policy_beats_the_latency_bound(specs, devices):
             assert percentile(lat, q) >= joint - 1e-9, (policy, q, att)
 
 
-def _edf_ok(jobs):
-    """Preemptive EDF feasibility on one machine: ``jobs`` = (release, due, work)."""
-    jobs = sorted(jobs)
-    now, k, live = 0.0, 0, []
-    while k < len(jobs) or live:
-        if not live:
-            now = max(now, jobs[k][0])
-        while k < len(jobs) and jobs[k][0] <= now + 1e-12:
-            live.append([jobs[k][1], jobs[k][2]])
-            k += 1
-        live.sort()
-        nxt = jobs[k][0] if k < len(jobs) else float("inf")
-        run_s = min(live[0][1], nxt - now)
-        now += run_s
-        live[0][1] -= run_s
-        if live[0][1] <= 1e-12:
-            if now > live[0][0] + 1e-9:
-                return False
-            live.pop(0)
-    return True
-
-
 def _least_max_latency(rs, works, misses):
     """Brute force on one preemptive machine (batches cost the sum of their members here,
     so this is the node problem on one device, relaxed to preemption at any instant): the
@@ -242,7 +220,7 @@ def _least_max_latency(rs, works, misses):
     for k in range(misses + 1):
         for late in itertools.combinations(range(len(rs)), k):
             def ok(x, late=late):
-                return _edf_ok([(r.arrival, r.arrival + x if i in late
+                return edf_feasible([(r.arrival, r.arrival + x if i in late
                                  else min(r.deadline, r.arrival + x), works[i])
                                 for i, r in enumerate(rs)])
             lo, hi = 0.0, sum(works) + max(r.arrival for r in rs) + 1.0

@@ -13,35 +13,12 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_factories import req, table_cost
+from sched_factories import edf_feasible, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.bound import min_misses
 from ditmem.scheduler.simulator import simulate
 from ditmem.scheduler.tail_bound import allowed_above, min_misses_tail, min_misses_within
-
-
-def _edf_feasible(jobs):
-    """Preemptive EDF with release dates on one machine (optimal for feasibility):
-    ``jobs`` = (release, deadline, work)."""
-    jobs = sorted(jobs)
-    now, k, live = 0.0, 0, []
-    while k < len(jobs) or live:
-        if not live:
-            now = max(now, jobs[k][0])
-        while k < len(jobs) and jobs[k][0] <= now + 1e-12:
-            live.append([jobs[k][1], jobs[k][2]])
-            k += 1
-        live.sort()
-        nxt = jobs[k][0] if k < len(jobs) else float("inf")
-        run = min(live[0][1], nxt - now)
-        now += run
-        live[0][1] -= run
-        if live[0][1] <= 1e-12:
-            if now > live[0][0] + 1e-9:
-                return False
-            live.pop(0)
-    return True
 
 
 def _best_misses(trace, work, max_flow):
@@ -54,7 +31,7 @@ def _best_misses(trace, work, max_flow):
             jobs = [(r.arrival,
                      r.arrival + max_flow if i in late else min(r.deadline, r.arrival + max_flow),
                      work[i]) for i, r in enumerate(trace)]
-            if _edf_feasible(jobs):
+            if edf_feasible(jobs):
                 return misses
     return None
 
@@ -149,7 +126,7 @@ def _best_misses_joint(trace, work, max_flow, tail_flow, exempt):
                     limit = r.arrival + (max_flow if i in ex else tail_flow)
                     jobs.append((r.arrival, limit if i in late else min(r.deadline, limit),
                                  work[i]))
-                if _edf_feasible(jobs):
+                if edf_feasible(jobs):
                     return misses
     return None
 
