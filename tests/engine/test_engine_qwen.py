@@ -24,8 +24,8 @@ def gen():
     return models.load("tiny-qwen-image")
 
 
-def make_engine(gen, pool_pages, policy="slo"):
-    policy, cost = make_policy_and_cost(policy, "cpu-tiny")
+def make_engine(gen, pool_pages, policy="slo", options=None):
+    policy, cost = make_policy_and_cost(policy, "cpu-tiny", options)
     pool = PagePool(pool_pages, PAGE)
     return Engine(gen, policy, cost, pool, HostPool(4 * pool_pages, PAGE)), pool
 
@@ -47,7 +47,9 @@ def test_preempted_and_offloaded_request_equals_reference(gen):
     alone = alone_engine.start().submit(long_request(), priority=2).future.result(300)
     alone_engine.drain(10)
 
-    engine, pool = make_engine(gen, need_a + need_b - 1)  # both never fit at once
+    # both never fit at once; deadline order, so the urgent arrival preempts (the shipped
+    # FIFO-first order lets the older request finish while the urgent one has slack)
+    engine, pool = make_engine(gen, need_a + need_b - 1, options={"order": "edf"})
     engine.start()
     ta = engine.submit(a, priority=2, slo_ms=600_000)
     deadline = time.monotonic() + 120
