@@ -16,22 +16,20 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    equal priority-0 request due later (``shield0``). So is a request that cannot finish in
    time even alone. Late requests are never dropped, and stay late: they join the *late
    lane* (6.), and also run whenever nothing on time is runnable (2.).
-2. **Run the oldest request the deadlines allow** (``order="fifo"``, default). Requests
-   are taken in arrival order — on-time and late ones alike — and the first whose next
-   iteration (``T`` s) leaves every on-time request feasible in the EDF plan of the rest
-   runs: each on-time request due before it must keep slack ``>= T`` plus ``order_margin``
-   (0.7) × its own SLO window (for a late one: every on-time request). When none passes
-   before the earliest deadline, the earliest deadline runs (EDF); the give-up rule (1.)
-   still plans in deadline order. With nothing on time, the oldest late request runs.
-   Finishes move toward arrival order where the slack allows (measured: the margin must be
-   wide — at 0 the spent slack leaves no room for the next arrivals and seed-mix drops from
-   97 % to 55 % — and most of the tail gain comes from serving late requests oldest
-   first; docs/results/scheduler.md, Session 6).
-   ``order="edf"`` is the previous rule: the earliest deadline among on-time requests runs
-   (large requests, whose deadlines are far, wait while they have slack), late ones in spare
-   time by ``alive_first`` and lane order. ``protect`` > 0 additionally runs a priority-0
-   request as soon as the priority-0 work alone would leave less than that fraction of its
-   time spare.
+2. **Run the earliest deadline** (``order="edf"``, default). Among on-time requests the
+   earliest deadline runs: large requests, whose deadlines are far, are deferred while they
+   still have slack, and small ones go first; late ones run in spare time, first those that
+   could still finish in time alone (``alive_first``), then in lane order.
+   ``order="fifo"`` instead takes requests in arrival order — on-time and late ones alike —
+   and runs the first whose next iteration (``T`` s) leaves every on-time request feasible
+   in the EDF plan of the rest: each on-time request due before it must keep slack ``>= T``
+   plus ``order_margin`` (0.7) × its own SLO window (for a late one: every on-time request);
+   when none passes before the earliest deadline, the earliest deadline runs, so the give-up
+   set is the EDF plan's. Simulated it moves finishes toward arrival order a little (seed-mix
+   P99 1.34 → 1.28 × fifo's); on the real demos and the HTTP bench it did worse than EDF, so
+   it is not the default (docs/results/scheduler.md, Session 6). ``protect`` > 0
+   additionally runs a priority-0 request as soon as the priority-0 work alone would leave
+   less than that fraction of its time spare.
    ``rescue0`` (default 0.5) runs an on-time priority-0 request whose own slack has fallen
    below that fraction of its remaining work ahead of earlier-due requests — only while each
    of those keeps slack for ``rescue_guard`` (10) of its steps, so they lose nothing.
@@ -107,9 +105,9 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
-    * ``order`` (``"fifo"``: oldest first under the EDF guard; ``"edf"``: the previous
-      earliest-deadline order) and ``order_margin`` — the guard's spare time, a fraction of
-      each protected request's SLO window (step 2);
+    * ``order`` (``"edf"``: earliest deadline first; ``"fifo"``: oldest first under the EDF
+      guard) and ``order_margin`` — that guard's spare time, a fraction of each protected
+      request's SLO window (step 2);
     * ``packing`` — the fraction of the best packing gain (the model's ``max_batch`` of the
       same shape) the give-up rule and the slacks credit each remaining step with (1: all;
       0: batch-1 times, the previous rule; measured in docs/results/scheduler.md);
@@ -159,7 +157,7 @@ class SloPolicy(Policy):
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
-        order: str = "fifo",
+        order: str = "edf",
         order_margin: float = 0.7,
         batching: bool = True,
         chunk_budget: float | None = None,

@@ -78,13 +78,13 @@ def test_a_late_request_runs_in_arrival_order_only_while_the_guard_allows():
 
 
 def test_the_default_margin_keeps_seven_tenths_of_each_window_spare():
-    """The first test's trace under the defaults (``order="fifo"``, margin 0.7): B's 10 s
+    """The first test's trace under ``order="fifo"`` and its default margin 0.7: B's 10 s
     window keeps 7 s spare, so at 1 (slack 8 s) one step of A runs, at 2 (slack 7 s) the
     guard falls back: B 2-4, A 4-6."""
     cost = table_cost()
     reqs = [req("A", 0.0, steps=4, slo_ms=20_000, cost=cost),
             req("B", 1.0, steps=2, slo_ms=10_000, cost=cost)]
-    assert finish_times(run("slo", reqs, cost)) == {"A": 6.0, "B": 4.0}
+    assert finish_times(run("slo", reqs, cost, order="fifo")) == {"A": 6.0, "B": 4.0}
 
 
 def test_order_options_are_checked():

@@ -87,8 +87,9 @@ def test_late_requests_that_can_still_make_it_alone_run_first():
     lane = make_policy("slo", cost, order="edf", alive_first=False).schedule(10.0, eng.view())
     assert alive.batch == ["L"]
     assert lane.batch == ["F0"]
-    # order="fifo" (the default): with nothing on time, the oldest request runs
-    assert make_policy("slo", cost).schedule(10.0, eng.view()).batch == ["F0"]
+    # order="fifo": with nothing on time, the oldest request runs; the default is "edf"
+    assert make_policy("slo", cost, order="fifo").schedule(10.0, eng.view()).batch == ["F0"]
+    assert make_policy("slo", cost).schedule(10.0, eng.view()).batch == ["L"]
 
 
 def test_explain_misses_reports_what_ran_in_the_window():
