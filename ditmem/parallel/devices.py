@@ -6,8 +6,11 @@
 workers in a thread of its own (jobs on disjoint groups run at once) in the loop's order:
 moves (park on the host, restore from it onto any group, re-shard between groups over the
 device link), encodes (single-device, spread round-robin over the group, then re-sharded
-onto the whole group), ``steps`` packed steps at the group's degree, decodes (spread over
-the group's devices). ``wait`` hands completions back in wall time since the start, so the
+onto the whole group), ``steps`` packed steps at the group's degree, decodes (each on its
+``decode_lanes`` device; after the last step every decoding request is gathered onto its
+device, then the devices without a decode go back to the loop at once and each request as
+its decode ends: partial ``Completion`` events). ``wait`` hands completions back in wall time
+since the start, so the
 same loop that drives the simulator's virtual devices replays a trace in real time.
 
 A job that fails (a lost device, a pool without room) still completes, so the loop never
@@ -30,14 +33,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ditmem.scheduler.node.device import Completion, Job, JobStages, Timings, run_job
+from ditmem.scheduler.node.device import (
+    Completion,
+    Job,
+    JobStages,
+    Timings,
+    decode_lanes,
+    run_job,
+)
 
 log = logging.getLogger(__name__)
 
 
 def _spread(items: list, devices: tuple[int, ...], fn: Callable) -> None:
-    """``fn(item, device)`` for every item, round-robin over ``devices``, one thread per
-    device (items on one device run in order)."""
+    """``fn(item, device)`` for every item, round-robin over ``devices`` (for a job's
+    decodes: the devices ``decode_lanes`` gives them), one thread per device (items on one
+    device run in order)."""
     lanes = {d: items[i::len(devices)] for i, d in enumerate(devices)}
     errors: list[BaseException] = []
 
@@ -135,12 +146,17 @@ class EngineDevices:
     # ------------------------------------------------------------------ one job
     def _run(self, job: Job, started: float) -> None:
         t = Timings()
+        # what a failure of this job fails: its batch until its steps end, then the
+        # requests still to decode (the others are back with the loop by then)
+        owned = [r.id for r in job.batch]
         try:
-            self._execute(job, t)
+            self._execute(job, started, t, owned)
         except Exception as exc:  # the loop must see the job end; the error is kept
             msg = f"job {job.job_id} on group {job.group}: {type(exc).__name__}: {exc}"
             log.error(msg)
-            self._fail([r.id for r in job.batch if r.id not in self.failed], exc, msg)
+            with self._lock:
+                rids = [rid for rid in owned if rid not in self.failed]
+            self._fail(rids, exc, msg)
         self._done.put(Completion(job, started, self.now(), t))
 
     def _fail(self, rids: list[str], exc: BaseException, msg: str) -> None:
@@ -156,7 +172,7 @@ class EngineDevices:
             if self.on_failed is not None:
                 self.on_failed(rid, exc)
 
-    def _execute(self, job: Job, t: Timings) -> None:
+    def _execute(self, job: Job, started: float, t: Timings, owned: list[str]) -> None:
         gone = {r.id: self.node.failed[r.id] for r in (*job.batch, *job.encodes)
                 if r.id in self.node.failed}
         if gone:  # lost with a device while paused: leave them out, the rest run
@@ -169,21 +185,36 @@ class EngineDevices:
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone])
-        stages = _GroupJob(self, job, t)
+        stages = _GroupJob(self, job, t, started, owned)
         run_job(job, stages)
 
 
 class _GroupJob(JobStages):
     """One job on the node engine's group (``run_job`` calls its stages in the loop's
-    order); ``timings`` is the job's, filled as each stage ends."""
+    order); ``timings`` is the job's, filled as each stage ends; ``owned``: the ids a
+    failure of the job fails (kept up to date as the job hands requests back)."""
 
-    def __init__(self, devices: EngineDevices, job: Job, timings: Timings) -> None:
+    def __init__(self, devices: EngineDevices, job: Job, timings: Timings, started: float,
+                 owned: list[str]) -> None:
         super().__init__(job)
         self.devices = devices
         self.node = devices.node
         self.clock = devices.clock
         self.group = tuple(job.group.devices)
         self.timings = timings
+        self.started = started
+        self.owned = owned
+
+    def _hand_back(self, released: tuple[int, ...], decoded: tuple[str, ...] = (), *,
+                   stepped: bool = False) -> None:
+        """Tell the loop (a partial ``Completion``) that ``released`` devices are free and
+        ``decoded`` requests done (``stepped``: the job's steps have ended)."""
+        with self.devices._lock:
+            keep = {r.id for r in self.job.decodes} if stepped else set(self.owned)
+            self.owned[:] = [rid for rid in self.owned if rid in keep and rid not in decoded]
+        self.devices._done.put(Completion(self.job, self.started, self.devices.now(),
+                                          self.timings, released, decoded, stepped,
+                                          last=False))
 
     def _moved(self, rid: str, timings: list[tuple[str, object]]) -> None:
         """One planned move done as ``timings`` (``(kind, MoveTiming)`` per command): its
@@ -244,11 +275,21 @@ class _GroupJob(JobStages):
             self.devices.on_event(kind, list(rids), seconds)
 
     def decode(self, rids: list[str]) -> None:
+        """Each decode on its ``decode_lanes`` device: first every decoding request is
+        gathered onto its device (a re-shard reads from all the group's devices, so it
+        runs while they are all still this job's); then the devices without a decode go
+        back to the loop, and each request is handed back as its decode ends, its device
+        with the last decode on it."""
         owner, node, mark = self.devices, self.node, self.clock()
+        decodes = list(self.job.decodes)
+        lanes = decode_lanes(self.job.group, len(decodes))
+        for request, device in zip(decodes, lanes, strict=True):
+            node.move(request.id, (device,))
+        self._hand_back(tuple(d for d in self.group if d not in lanes), stepped=True)
+        left = {d: lanes.count(d) for d in lanes}
 
         def decode(request, device: int) -> None:
             begin = self.clock()
-            node.move(request.id, (device,))
             image = node.decode(request.id, owner.decode_tile)
             node.release(request.id)
             self._event("decoded", [request.id], self.clock() - begin)
@@ -257,6 +298,8 @@ class _GroupJob(JobStages):
                     owner.outputs[request.id] = image
             if owner.on_output is not None:
                 owner.on_output(request.id, image)
+            left[device] -= 1  # only this device's lane touches its count
+            self._hand_back((device,) if not left[device] else (), (request.id,))
 
-        _spread(list(self.job.decodes), self.group, decode)
+        _spread(decodes, self.group, decode)
         self.timings.decode_s = self.clock() - mark

@@ -7,7 +7,11 @@ starts only when every device it reads from or writes to is free — a source de
 still be running another job's step),
 encodes of admitted members (single-device, spread over the group's devices), ``steps``
 denoising steps of one packed batch at the group's degree, and decodes of the members whose
-last step it runs (single-device, spread likewise). ``NodeDevices`` is what an engine with
+last step it runs (single-device, round-robin over the group: ``decode_lanes``). A job hands
+its devices back one by one (``Completion``): after its last step the devices with no
+decode, and each request as its own decode ends (its device with the last decode on it),
+so a degree-2 job's second device does not idle in the first's decode and a request does
+not wait for another's. ``NodeDevices`` is what an engine with
 real devices implements (``launch`` hands a job to the group's workers, ``wait`` blocks for
 the next completion or until a time); ``VirtualDevices`` draws every duration around the
 node cost model with ``TimingNoise`` (the simulator's truth is not the policy's model).
@@ -81,10 +85,22 @@ class Timings:
 
 @dataclass(slots=True)
 class Completion:
+    """Part or end of a job at ``finished``. After its last step a job hands its devices
+    back one by one: ``stepped`` (its steps have ended; members that do not decode are
+    paused now), ``released`` (devices whose work in the job is over), ``decoded``
+    (requests whose decode ended: done, pages freed). ``last``: the job's final event; the
+    loop then releases whatever devices, steps and decodes no earlier event named (a job
+    reported in one event is just ``Completion(job, started, finished, timings)``).
+    ``timings`` are the job's own (complete in the last event)."""
+
     job: Job
     started: float
     finished: float
     timings: Timings
+    released: tuple[int, ...] = ()
+    decoded: tuple[str, ...] = ()
+    stepped: bool = False
+    last: bool = True
 
 
 class NodeDevices(Protocol):
@@ -96,6 +112,25 @@ class NodeDevices(Protocol):
     def wait(self, until: float | None) -> list[Completion]:
         """The next job completions, all finishing at the same earliest time, if that is no
         later than ``until`` (None: wait for one); else an empty list."""
+
+
+def decode_lanes(group: Group, decodes: int) -> list[int]:
+    """The device of each of a job's ``decodes`` decodes (in ``Job.decodes`` order):
+    round-robin over ``group``'s devices, so device ``group.first + i`` decodes the i-th,
+    (i + degree)-th, ... The simulator, the loop's prediction and the node engine share it."""
+    return [group.devices[i % group.degree] for i in range(decodes)]
+
+
+def lane_ends(group: Group, durations: list[float]) -> tuple[list[float], dict[int, float]]:
+    """(each decode's end, each device's end) after a job's last step, in seconds from it,
+    for decodes of ``durations`` run in order on their :func:`decode_lanes` devices (a
+    device of the group with no decode: 0)."""
+    clock = dict.fromkeys(group.devices, 0.0)
+    ends = []
+    for d, secs in zip(decode_lanes(group, len(durations)), durations, strict=True):
+        clock[d] += secs
+        ends.append(clock[d])
+    return ends, clock
 
 
 def spread(durations: list[float], devices: int) -> float:
@@ -151,6 +186,9 @@ class _VirtualJob(JobStages):
         self.draw = devices.noise.draw
         self.busy = devices.busy
         self.clock = start  # when the job's transfers have got to
+        # seconds after the last step: each decode's end, each device's (``decode``)
+        self.decode_ends: list[float] = []
+        self.device_ends: dict[int, float] = {}
 
     def _move(self, mv: Move, secs: float) -> None:
         begin = busy_until(move_mask(mv.src, mv.dst), self.busy, self.clock)
@@ -189,7 +227,8 @@ class _VirtualJob(JobStages):
     def decode(self, rids: list[str]) -> None:
         cost, draw = self.truth.cost, self.draw
         durations = [draw(cost.decode_time(r)) for r in self.job.decodes]
-        self.timings.decode_s = spread(durations, self.job.group.degree)
+        self.decode_ends, self.device_ends = lane_ends(self.job.group, durations)
+        self.timings.decode_s = max(self.device_ends.values(), default=0.0)
 
 
 class VirtualDevices:
@@ -205,11 +244,15 @@ class VirtualDevices:
         self.truth = truth
         self.noise = noise if noise is not None else TimingNoise(sigma=0.0)
         self._heap: list[tuple[float, int, Completion]] = []
+        self._seq = 0
         self.link_busy_s = 0.0
         self.busy: list[float] = [0.0] * devices
 
     def timings(self, job: Job, now: float = 0.0) -> Timings:
         """Run ``job`` launched at ``now``: its stages' true seconds (waits included)."""
+        return self._run(job, now)[0]
+
+    def _run(self, job: Job, now: float) -> tuple[Timings, _VirtualJob]:
         top = max(job.group.devices[-1], *(
             g.devices[-1] for mv in job.moves for g in (mv.src, mv.dst) if g is not None
         ), 0) + 1
@@ -220,15 +263,36 @@ class VirtualDevices:
         stages.timings.wait_s = start - now
         run_job(job, stages)
         self.link_busy_s += stages.timings.transfer_s
-        end = now + stages.timings.total
+        t = stages.timings
+        stepped = now + t.total - t.decode_s
         for d in job.group.devices:
-            self.busy[d] = max(self.busy[d], end)
-        return stages.timings
+            self.busy[d] = max(self.busy[d], stepped + stages.device_ends.get(d, 0.0))
+        return t, stages
 
     def launch(self, job: Job, now: float) -> None:
-        t = self.timings(job, now)
-        done = Completion(job, now, now + t.total, t)
-        heapq.heappush(self._heap, (done.finished, job.job_id, done))
+        """Queue ``job``'s events: one at its end when it decodes nothing; else its last
+        step's end (devices without a decode handed back), each decode's end (with its
+        device when that decode is the device's last), and the job's end."""
+        t, stages = self._run(job, now)
+        if not job.decodes:
+            self._push(Completion(job, now, now + t.total, t))
+            return
+        stepped = now + t.total - t.decode_s
+        lanes = decode_lanes(job.group, len(job.decodes))
+        idle = tuple(d for d in job.group.devices if d not in lanes)
+        self._push(Completion(job, now, stepped, t, idle, stepped=True, last=False))
+        last_of = {d: i for i, d in enumerate(lanes)}
+        end = stepped
+        for i, (r, d, secs) in enumerate(zip(job.decodes, lanes, stages.decode_ends,
+                                             strict=True)):
+            freed = (d,) if last_of[d] == i else ()
+            end = max(end, stepped + secs)
+            self._push(Completion(job, now, stepped + secs, t, freed, (r.id,), last=False))
+        self._push(Completion(job, now, end, t))  # with the last decode, not before it
+
+    def _push(self, done: Completion) -> None:
+        self._seq += 1  # same time: in the order pushed
+        heapq.heappush(self._heap, (done.finished, self._seq, done))
 
     def wait(self, until: float | None) -> list[Completion]:
         if not self._heap or (until is not None and self._heap[0][0] > until):

@@ -19,7 +19,7 @@ from ..queue import WaitingQueue
 from ..request import Request
 from ..simulator import PlanError, Record
 from .cost import NodeCost, busy_until, move_mask
-from .device import Completion, Job, Move, NodeDevices, VirtualDevices
+from .device import Completion, Job, Move, NodeDevices, VirtualDevices, decode_lanes, lane_ends
 from .intake import NodeIntake, TraceIntake
 from .plan import Assignment, NodeStatus, NodeView
 from .topology import Group, Node
@@ -58,6 +58,18 @@ class NodeResult:
     link_busy_s: float = 0.0
 
 
+@dataclass(slots=True)
+class _Running:
+    """A launched job until its last event: its members, the devices it still holds, the
+    device each of its decodes runs on, and what it finished."""
+
+    members: list[NodeStatus]
+    held: int
+    lanes: dict[str, int]
+    stepped: bool = False
+    finished: list[str] = field(default_factory=list)
+
+
 class _State:
     """The loop's bookkeeping: who is where, free devices and pages."""
 
@@ -71,7 +83,7 @@ class _State:
         self.host_free = truth.cost.host_pages(page_bytes)
         self.waiting = WaitingQueue()
         self.started: dict[str, NodeStatus] = {}
-        self.running: dict[int, list[NodeStatus]] = {}
+        self.running: dict[int, _Running] = {}
         self.max_started = cap
         # Predicted end of each device's job, and of moves of other jobs reading from it.
         self.job_ends = [0.0] * node.devices
@@ -199,45 +211,81 @@ def run_node(
         decodes = [s.request for s in members if s.steps_left == a.steps]
         job = Job(jobs, g, [s.request for s in members], a.steps if members else 0,
                   moves, encodes, decodes)
-        end, sends = _predict(policy.ncost, job, st.busy, now)
+        stepped, device_ends, decode_ends, sends = _predict(policy.ncost, job, st.busy, now)
         for d, until in sends.items():
             st.sends[d] = max(st.sends[d], until)
         for d in g.devices:
-            st.job_ends[d] = end
+            st.job_ends[d] = device_ends[d]
+        ends = {r.id: e for r, e in zip(decodes, decode_ends, strict=True)}
         for s in members:
             if s.steps_done > 0 and now > s.last_end + 1e-9:
                 s.preemptions += 1
-            s.running, s.job_end = True, end
+            s.running, s.job_end = True, ends.get(s.id, stepped)
         devices.launch(job, now)
-        st.running[job.job_id] = members
+        lanes = decode_lanes(g, len(decodes))
+        st.running[job.job_id] = _Running(
+            members, g.mask, {r.id: d for r, d in zip(decodes, lanes, strict=True)})
         st.free &= ~g.mask
         jobs += 1
 
+    def on_stepped(run: _Running, job: Job, t: float) -> None:
+        """``job``'s steps ended at ``t``: members that do not decode are paused; a
+        decoding one is now on its decode's device alone (its pages too)."""
+        run.stepped = True
+        degree = job.group.degree
+        for s in run.members:
+            s.degrees[degree] = s.degrees.get(degree, 0) + job.steps
+            s.last_end = t
+            lane = run.lanes.get(s.id)
+            if lane is None:
+                s.running = False
+                s.steps_done += job.steps
+            elif s.group is not None and s.group.degree > 1:
+                st.place(s, node.group_of(lane, 1))
+
+    def on_decoded(run: _Running, job: Job, rid: str, t: float) -> None:
+        """``rid``'s decode ended at ``t``: it is done, its pages are free."""
+        nonlocal finished_count
+        s = st.started.pop(rid)
+        s.running = False
+        s.steps_done += job.steps
+        s.last_end = t
+        for dev in s.group.devices:
+            st.free_pages[dev] += s.pages
+        run.finished.append(rid)
+        finished_count += 1
+        record = Record(s.request, s.started_at, t, s.preemptions, s.offloads,
+                        migrations=s.migrations, degrees=dict(s.degrees))
+        if on_record is not None:
+            on_record(record)
+        else:
+            records.append(record)
+
     def complete(c: Completion) -> None:
-        nonlocal busy, finished_count
+        nonlocal busy
         job = c.job
-        members = st.running.pop(job.job_id)
-        st.free |= job.group.mask & ~lost
-        for d in job.group.devices:  # its job is over, whatever the prediction said
-            st.job_ends[d] = min(st.job_ends[d], c.finished)
-        busy += (c.finished - c.started) * job.group.degree
-        finished = []
-        for s in members:
-            s.running = False
-            s.steps_done += job.steps
-            s.degrees[job.group.degree] = s.degrees.get(job.group.degree, 0) + job.steps
-            s.last_end = c.finished
-            if s.steps_left == 0:
-                for dev in s.group.devices:
-                    st.free_pages[dev] += s.pages
-                del st.started[s.id]
-                finished.append(s.id)
-                record = Record(s.request, s.started_at, c.finished, s.preemptions,
-                                s.offloads, migrations=s.migrations, degrees=dict(s.degrees))
-                if on_record is not None:
-                    on_record(record)
-                else:
-                    records.append(record)
+        run = st.running[job.job_id]
+        if (c.stepped or c.last) and not run.stepped:
+            on_stepped(run, job, c.finished)
+        decoded = list(c.decoded)
+        if c.last:  # a job reported at once (or cut short): the rest ends here
+            decoded += [rid for rid in run.lanes if rid not in run.finished
+                        and rid not in decoded]
+        count = finished_count
+        for rid in decoded:
+            on_decoded(run, job, rid, c.finished)
+        release = run.held if c.last else sum(1 << d for d in c.released) & run.held
+        run.held &= ~release
+        st.free |= release & ~lost
+        for d in job.group.devices:
+            if release >> d & 1:  # its work in the job is over, whatever was predicted
+                st.job_ends[d] = min(st.job_ends[d], c.finished)
+                busy += c.finished - c.started
+        if finished_count > count and progress is not None:
+            progress(finished_count, total)
+        if not c.last:
+            return
+        del st.running[job.job_id]
         model = job.batch[0].model if job.batch else ""
         t = c.timings
         moves = [
@@ -247,11 +295,8 @@ def run_node(
         policy.observe(
             NodeReport(c.finished, job.group, [r.id for r in job.batch], model,
                        [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
-                       t.encode_s, t.step_s, t.decode_s, finished, t.wait_s, moves)
+                       t.encode_s, t.step_s, t.decode_s, list(run.finished), t.wait_s, moves)
         )
-        finished_count += len(finished)
-        if finished and progress is not None:
-            progress(finished_count, total)
 
     def drop(rid: str) -> bool:
         """Let a cancelled request go; False while a job runs it (tried again later)."""
@@ -291,7 +336,9 @@ def run_node(
             changed = True
         if intake.closed() and not st.waiting and not st.started and not st.running:
             break
-        if changed and st.free and (st.waiting or len(st.started) > len(st.running)):
+        if changed and st.free and (
+            st.waiting or any(not s.running for s in st.started.values())
+        ):
             plan = policy.schedule(st.view(now))
             decisions += 1
             for a in plan.assignments:
@@ -317,11 +364,14 @@ def run_node(
 
 def _predict(
     ncost: NodeCost, job: Job, busy: list[float], now: float
-) -> tuple[float, dict[int, float]]:
-    """(when the policy's model says ``job``, launched at ``now``, ends; until when its moves
-    read from devices outside its group), and each move's ``kind`` and ``predicted_s`` set.
-    ``busy`` (per device, when its current work ends as predicted) gives the waits: the
-    job's group still sending another job's move, a move's source still running a job."""
+) -> tuple[float, dict[int, float], list[float], dict[int, float]]:
+    """When the policy's model says ``job``, launched at ``now``, ends its last step;
+    when each of its devices is done with it (its decodes after that step, on their
+    ``decode_lanes`` devices); when each decode ends (``job.decodes`` order); until when
+    its moves read from devices outside its group. Each move's ``kind`` and
+    ``predicted_s`` are set. ``busy`` (per device, when its current work ends as
+    predicted) gives the waits: the job's group still sending another job's move, a
+    move's source still running a job."""
     from .device import spread
 
     clock = busy_until(job.group.mask, busy, now)
@@ -342,8 +392,9 @@ def _predict(
     if job.batch:
         tokens = [cost.tokens(r) for r in job.batch]
         clock += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)
-    clock += spread([cost.decode_time(r) for r in job.decodes], job.group.degree)
-    return clock, sends
+    decodes, devices = lane_ends(job.group, [cost.decode_time(r) for r in job.decodes])
+    return (clock, {d: clock + e for d, e in devices.items()}, [clock + e for e in decodes],
+            sends)
 
 
 def simulate_node(
