@@ -43,8 +43,9 @@ HEAD = (
 )
 
 
-#: Run names that are a policy with options: slo with its FIFO promise (step 0).
-VARIANTS = {"slo-promise": ("slo", {"guard": True})}
+#: Run names that are a policy with options: slo with its FIFO promise (step 0); slo with
+#: session 6's order for the rest (by deadline, ``order_slack=1``).
+VARIANTS = {"slo-promise": ("slo", {"guard": True}), "slo-edf": ("slo", {"order_slack": 1.0})}
 
 
 def label(row: dict) -> str:

@@ -129,7 +129,8 @@ def test_batch_join_counts_the_decodes_ahead_of_the_joiner():
     deadline; A (512², 1 step left, due at 10) would join J's step (two 512² cost 1 s
     here, as one). Both decode in that job (0.25 s each), so J would end 1 + 0.5 s after
     now, past its deadline with A's decode counted; without it 1.25 s, in time.
-    ``decode_aware`` refuses the join; without it A joins."""
+    ``decode_aware`` refuses the join; without it A joins. (The order by deadline is pinned,
+    ``order_slack=1``: with ``urgent=0`` this test is about the join, not the order.)"""
     nc = node_cost(decode_s_per_mp=1.0 / MP_1024,
                    batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.0}])
     node = Node(1, nc.links)
@@ -141,10 +142,11 @@ def test_batch_join_counts_the_decodes_ahead_of_the_joiner():
     view = NodeView(5.0, node, 0b1, [NodeStatus(a, steps_done=3, group=node.groups(1)[0],
                                                 pages=1)], [], queue, [1000], 10_000,
                     nc.cost.page_bytes, None, [5.0])
-    pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0, urgent=0.0)
+    pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0, urgent=0.0,
+                           order_slack=1.0)
     assert _batches(pol.schedule(view)) == [["J"]]
     pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0, urgent=0.0,
-                           decode_aware=False)
+                           order_slack=1.0, decode_aware=False)
     assert _batches(pol.schedule(view)) == [["J", "A"]]
 
 
