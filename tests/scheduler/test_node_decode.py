@@ -1,4 +1,4 @@
-"""``slo`` on a node where the decode (a single-device stage that holds its job's whole group)
+"""``slo`` on a node where the decode (a single-device stage on one device of its job's group)
 is long, and the loop's view of when a finished job's devices are free. Hand-computed.
 
 Profile (node_factories): a 512² request steps in 1 s at any degree; a 1024² in 4 s at
@@ -8,7 +8,7 @@ decode as each test sets it (per megapixel: a 1024² is 1.048576 MP, a 512² a q
 
 import pytest
 from node_factories import by_id, node_cost, run
-from sched_factories import PAGE, req
+from sched_factories import req
 
 from ditmem.scheduler import WaitingQueue
 from ditmem.scheduler.node.plan import Assignment, NodePlan, NodeStatus, NodeView
@@ -19,24 +19,22 @@ from ditmem.scheduler.node.topology import Node
 from ditmem.scheduler.noise import TimingNoise
 
 MP_1024 = 1024 * 1024 / 1e6
-MOVE_HALF = PAGE * 0.5 / 1e9  # a peer copy of half a request's state
 
 
-def test_last_step_runs_at_degree_1_when_its_decode_outlasts_a_step():
-    """A lone 1024² (4 steps) with an 8-s decode on 2 devices: steps 1-3 at degree 2 (the
-    spare device shortens them, 2 s each); the last step's job would hold both devices for
-    its decode, at efficiency (4 + 8) / (2 × (2 + 8)) = 0.6 < 0.65 against degree 1, so it
-    runs at degree 1 (after the re-shard copy of half its state): 6 + copy + 4 + 8 s. With
-    ``decode_aware`` off it runs all four at degree 2: 8 + 8 s."""
+def test_last_step_keeps_degree_2_with_a_long_decode_its_second_device_freed():
+    """A lone 1024² (4 steps) with an 8-s decode on 2 devices: all four steps at degree 2
+    (2 s each), then the decode on device 0 alone: done at 8 + 8 s. A 512² (1 step, 2-s
+    decode) arriving at 8.5 s runs on device 1 at once (device 1 went back at 8 s): done
+    at 8.5 + 1 + 2 s. (Until session 7 the last step ran at degree 1 — the decode held
+    the whole group — and the 512² waited.)"""
     nc = node_cost(decode_s_per_mp=8.0 / MP_1024)
-    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost)]
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", 8.5, size=512, steps=1, cost=nc.cost)]
     out = by_id(run(rs, "slo", 2, nc, forecast=False))
-    assert out["big"].degrees == {2: 3, 1: 1}
-    assert out["big"].finished == pytest.approx(6.0 + MOVE_HALF + 4.0 + 8.0)
-    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost)]
-    out = by_id(run(rs, "slo", 2, nc, forecast=False, decode_aware=False))
     assert out["big"].degrees == {2: 4}
     assert out["big"].finished == pytest.approx(16.0)
+    assert out["small"].degrees == {1: 1}
+    assert out["small"].finished == pytest.approx(11.5)
 
 
 def test_last_step_keeps_its_degree_when_the_decode_is_short():

@@ -61,19 +61,23 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    parking paused requests on the host (``Placer``).
 
 **Long decodes** (``decode_aware``, ``decode_guard``; on by default). A job ends with the
-decodes of the members whose last step it runs, a single-device stage that holds the job's
-whole group (on the two-device demo's CPU profile a 1024² decode lasts 20 of its steps and
-a 512²'s 40; on h200 a seventh of a step). So a request's last step whose decode outlasts a
-degree-1 step runs at the largest degree whose job (step + decode) keeps parallel efficiency
-``efficiency`` (degree 1 on the demo: a degree-2 last step idled the second device for the
-whole decode); a batch join counts the decodes of the members finishing no later; and a
+decodes of the members whose last step it runs, single-device stages run round-robin over
+its group (on the two-device demo's CPU profile a 1024² decode lasts 20 of its steps and
+a 512²'s 40; on h200 a seventh of a step); each device goes back as its own decodes end.
+So a batch join counts the decodes of the members finishing no later on its degree-1 step
+(``decode_aware``); and a
 job waits (``_holds_back``) where, while it runs, every device outside its group would be
 held (running, or given a job in this decision) past the slack of a request that then finds
 no device: an on-time one due earlier and not placed yet (the urgent rule would otherwise
 put a long last step before it), or, for a last step not urgent, the next arrival (the
 tightest slack seen). Two 1024² decodes at once on the demo's two devices made every small
 arrival meanwhile miss. Seed-mix ÷ 2 on the demo's profiles, 10 seeds: attainment 91.0 →
-98.3 % (docs/results/node.md, Session 6); on 8 × h200 no change beyond noise.
+98.3 % (docs/results/node.md, Session 6); on 8 × h200 no change beyond noise. Until session
+7 a job held its whole group until every decode in it ended, and ``decode_aware`` also ran
+a last step with a long decode at degree 1 (a degree-2 one idled the second device for the
+decode); with each device handed back as its work ends that cap no longer helped (30
+demo traces: 12 → 14 at ≥ 99 %, mean 98.18 → 98.29 % without it; docs/results/parallel.md,
+Session 7) and is gone.
 
 A move needs every device it reads from and writes to. A paused request whose state is on
 devices still running another job's step (``Placer.stuck``) goes to a group holding those
@@ -430,7 +434,7 @@ class NodeSloPolicy(NodePolicy):
 
     def _job_s(self, c: _Cand, degree: int) -> float:
         """Predicted seconds of ``c``'s next job alone at ``degree``: one step, and its
-        decode (which holds the group) when that step is its last."""
+        decode (which holds the group's first device) when that step is its last."""
         return c.step(self.node.degrees.index(degree)) + (c.dec if c.steps_left == 1 else 0.0)
 
     def _holds_back(self, placer: Placer, c: _Cand, g: Group) -> bool:
@@ -505,23 +509,6 @@ class NodeSloPolicy(NodePolicy):
                 return True
         return False
 
-    def _final_cap(self, c: _Cand) -> int:
-        """The largest degree for ``c``'s next step (``decode_aware``): any unless it is its
-        last and its decode (a single-device stage that holds the whole group) outlasts a
-        degree-1 step; then the largest whose job (that step, then the decode) runs at
-        parallel efficiency >= ``efficiency`` against degree 1. On the two-device demo's CPU
-        profile a 1024² decode is 20 steps; on h200 a 2048²'s is a seventh of one (capping
-        there cost the 8-device P95 1 s: docs/results/node.md, Session 6)."""
-        degrees = self.node.degrees
-        if not self.decode_aware or c.steps_left != 1 or c.dec <= c.step(0):
-            return degrees[-1]
-        one = c.step(0) + c.dec
-        best = 1
-        for k, d in enumerate(degrees):
-            if one / (d * (c.step(k) + c.dec)) >= self.efficiency:
-                best = d
-        return best
-
     def _scales(self, c: _Cand) -> bool:
         """Whether degree 4 runs ``c`` at parallel efficiency >= ``efficiency``."""
         k = self._k4
@@ -546,7 +533,7 @@ class NodeSloPolicy(NodePolicy):
         chosen: list[tuple[_Cand, int, float]] = []
         degrees = self.node.degrees
         for big in pool:
-            cap = min(self._crowd_degree(big, crowd), self._final_cap(big))
+            cap = self._crowd_degree(big, crowd)
             for k in range(len(degrees) - 1, 0, -1):
                 d = degrees[k]
                 if d <= big.need:
@@ -634,7 +621,7 @@ class NodeSloPolicy(NodePolicy):
                     continue
                 # Every on-time member must still finish in time if the batch stays together,
                 # with a margin for timing error; with ``decode_aware``, after the decodes of
-                # the members that finish no later (a job ends when all its decodes have).
+                # the members that finish no later (on one device they run one after another).
                 group = members + [c]
                 if any(
                     not m.late
@@ -690,8 +677,6 @@ class NodeSloPolicy(NodePolicy):
             for a, c in singles:
                 parent = self.node.parent(a.group)
                 if parent is None or (parent.mask & ~a.group.mask) & ~placer.available:
-                    continue
-                if parent.degree > self._final_cap(c):
                     continue
                 pages = self.ncost.shard_pages(c.req, parent.degree, page_bytes)
                 if any(placer.pages[d] < pages for d in parent.devices if d not in a.group.devices):
