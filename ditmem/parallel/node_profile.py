@@ -4,10 +4,11 @@ link's rate, the host link from the single-device part, the fixed seconds per mo
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from ditmem.parallel.move_latency import add_move_latency
-from ditmem.parallel.speedup import CalibrationError, calibrate, speedup_table
+from ditmem.parallel.speedup import PROMPT, CalibrationError, calibrate, speedup_table
 
 
 def measure_node_sections(node, profile: dict, key: str, sides, log, *, tool: str,
@@ -49,3 +50,106 @@ def measure_node_sections(node, profile: dict, key: str, sides, log, *, tool: st
                         "source": f"measured by {tool}, {when}"}
     add_move_latency(node, profile["links"], log)
     return rows
+
+
+#: request ids of the start-up measurement on the workers (released before the replays)
+_PREFIX = "profile-on-workers"
+
+
+def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
+                       repeats: int = 3, tile: tuple[int, int] | None = None) -> dict:
+    """Measure the single-device numbers the replays use on the node's own workers, through
+    the engine's commands as a replay times them (engine-side wall time: the worker's work
+    and the control path), and write them into ``profile["models"][key]``: the step table
+    (each point measured on every device in turn, median), ``encode_s``, and with ``tile``
+    (tile, stride px) ``decode_tile_s`` and ``decode_s_per_megapixel`` (one ``tile``² image:
+    its decode is one tile). The engine process's own measurement of these (another
+    process, unpinned, without the control path) is replaced; what it alone knows (state
+    bytes, weights) stays. Every number is a ``stable_median`` (first call discarded, two
+    agreeing passes). ``tokens_for(side)``: the scheduler's tokens of a side² image. Returns
+    ``{"before", "after"}`` (the replaced numbers: ``steps`` {(tokens, batch): s},
+    ``encode_s``, ``decode_tile_s``) and ``checks`` (each measurement's passes)."""
+    from ditmem.models.common.request import GenerationRequest
+    from ditmem.tools.profile import stability_note, stable_median, timed
+
+    section = profile["models"][key]
+    points = section["step"]["points"]["value"]
+    batches = sorted({p["batch"] for p in points})
+    devices = list(range(node.num_devices))
+    ids = iter(range(10**9))
+    checks: list[dict] = []
+
+    def request(side: int, steps: int) -> GenerationRequest:
+        return GenerationRequest(PROMPT, width=side, height=side, num_inference_steps=steps,
+                                 seed=0, request_id=f"{_PREFIX}-{side}-{next(ids)}")
+
+    def encode(side: int, device: int, steps: int) -> str:
+        r = request(side, steps)
+        if not node.encode(r, device):
+            raise RuntimeError(f"measure_on_workers: no room for a {side}x{side} request on "
+                               f"device {device}")
+        return r.request_id
+
+    def stable(sample, n: int, what: str) -> float:
+        res = stable_median(sample, n, what=what, log=log)
+        checks.append({"what": what, "seconds": res.seconds, "passes": res.passes,
+                       "agreed": res.agreed})
+        return res.seconds
+
+    def encode_once(side: int, device: int) -> float:
+        t0 = time.perf_counter()
+        rid = encode(side, device, 1000)
+        dt = time.perf_counter() - t0
+        node.release(rid)
+        return dt
+
+    def decode_once(side: int, device: int) -> float:
+        rid = encode(side, device, 2)
+        node.step([((device,), [rid])])
+        node.step([((device,), [rid])])
+        dt = timed(lambda: node.decode(rid, tile))
+        node.release(rid)
+        return dt
+
+    def median_over_devices(fn) -> float:
+        return statistics.median(fn(d) for d in devices)
+
+    before = {"steps": {(p["tokens"], p["batch"]): p["seconds"] for p in points},
+              "encode_s": section["encode_s"]["value"],
+              "decode_tile_s": section.get("decode_tile_s", {}).get("value")}
+    new_points, encodes = [], []
+    for side in sides:
+        tokens = tokens_for(side)
+        encodes.append(median_over_devices(lambda d, side=side: stable(
+            lambda: encode_once(side, d), max(2, repeats), f"encode {side}x{side} on {d}")))
+        for b in batches:
+            def step_on(d, side=side, b=b):
+                rids = [encode(side, d, 1000) for _ in range(b)]
+                try:
+                    return stable(lambda: timed(lambda: node.step([((d,), rids)])), repeats,
+                                  f"step {side}x{side} batch {b} on {d}")
+                finally:
+                    for rid in rids:
+                        node.release(rid)
+
+            new_points.append({"tokens": tokens, "batch": b,
+                               "seconds": median_over_devices(step_on)})
+    src_when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    how = (f"measured on the node's workers through the engine's commands "
+           f"({node.num_devices} devices, median over devices), {src_when}; "
+           + stability_note(checks))
+    section["step"]["points"] = {"value": new_points, "source": how}
+    enc = statistics.median(encodes)
+    section["encode_s"] = {"value": enc, "source": how}
+    after = {"steps": {(p["tokens"], p["batch"]): p["seconds"] for p in new_points},
+             "encode_s": enc, "decode_tile_s": None}
+    if tile is not None:
+        t = median_over_devices(lambda d: stable(lambda: decode_once(tile[0], d),
+                                                 max(2, repeats - 1),
+                                                 f"decode {tile[0]}x{tile[0]} on {d}"))
+        section["decode_tile_s"] = {"value": t, "source": how}
+        section["decode_s_per_megapixel"] = {
+            "value": t / (tile[0] * tile[0] / 1e6),
+            "source": how + f"; one {tile[0]}x{tile[0]} image decodes as one tile"}
+        after["decode_tile_s"] = t
+    return {"before": before, "after": after, "checks": checks}

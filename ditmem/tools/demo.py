@@ -18,6 +18,7 @@ from ditmem.engine.factory import add_model_arguments
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
 from ditmem.tools.demo_runs import decode_mode, decode_tile
 from ditmem.tools.profile import add_decode_tile_argument
+from ditmem.tools.profile_check import report, work_ratio
 from ditmem.tools.report import comparison_table, run_summary
 
 
@@ -44,9 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="N > 1: the node demo on N device workers (CPU: processes pinned to "
                         "cores, N <= cores): fifo on N static replicas, then slo with "
                         "elastic degree and migration (ditmem.tools.node_demo)")
-    p.add_argument("--parallel-clock", choices=("cpu", "process", "wall"), default="cpu",
-                   help="with --devices N: the start-up speed-up table on the workers' "
-                        "main-thread CPU time (default), all-thread CPU time, or wall time")
+    p.add_argument("--parallel-clock", choices=("cpu", "process", "wall"), default="wall",
+                   help="with --devices N: the start-up speed-up table on the workers' wall "
+                        "time (default: what the replays run on), main-thread CPU time or "
+                        "all-thread CPU time (busy-time clocks leave out the waits of an "
+                        "exchange: on this CPU they put degree 2 x1.1-1.2 faster than the "
+                        "replays ran it)")
     p.add_argument("--pool-mb", type=float, default=64.0)
     add_model_arguments(p, memory=False)
     p.add_argument("--decode-workers", type=int, choices=(0, 1), default=0,
@@ -81,18 +85,28 @@ def build_trace(args, cost):
     return with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
 
 
-def calibrate(gen, args) -> str:
-    """Measure the device profile for the demo's three shapes now (the machine may be
-    shared: the load must be relative to today's speed); returns the saved JSON path."""
+def measure_demo_profile(gen, args) -> dict:
+    """The device profile for the demo's shapes, measured by this process now (the machine
+    may be shared: the load must be relative to today's speed)."""
     from ditmem.scheduler.workloads import MIXES
     from ditmem.tools.profile import measure_profile
 
     sides = sorted({max(16, s.width // args.divisor // 16 * 16)
                     for s in MIXES[args.workload].shapes})
-    print(f"measuring the device profile for sides {sides} ...", flush=True)
-    profile = measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
-                              page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
-                              decode_tile=decode_tile(args, gen))
+    return measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
+                           page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
+                           decode_tile=decode_tile(args, gen))
+
+
+def calibrate(gen, args) -> str:
+    """Measure the device profile here (sequential mode: this process runs the replays);
+    returns the saved JSON path."""
+    print("measuring the device profile in this process ...", flush=True)
+    return save_profile(measure_demo_profile(gen, args), args)
+
+
+def save_profile(profile: dict, args) -> str:
+    """Write ``profile`` to ``--profile-out``; its path."""
     with open(args.profile_out, "w") as f:
         json.dump(profile, f, indent=2)
     print(f"profile: {args.profile_out}")
@@ -151,15 +165,16 @@ def main(args) -> int:
     started = time.perf_counter()
     gen = models.load(args.model, dtype=args.dtype)
     model_key = scheduler_model(args.model, gen)
-    if args.profile == "measure":
-        args.profile = calibrate(gen, args)
-    trace = build_trace(args, CostModel.load(args.profile))
     names = [p.strip() for p in args.policies.split(",") if p.strip()]
     from ditmem.tools.demo_runs import run_parallel, run_policy, warm_up
 
-    if args.mode == "parallel":
-        outcomes = run_parallel(names, trace, args)
+    if args.mode == "parallel":  # the replay processes measure the profile themselves
+        trace, outcomes = run_parallel(names, args, lambda: build_trace(
+            args, CostModel.load(args.profile)))
     else:
+        if args.profile == "measure":
+            args.profile = calibrate(gen, args)
+        trace = build_trace(args, CostModel.load(args.profile))
         pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
         warm_up(gen, trace, pool)
         outcomes = {n: run_policy(gen, n, trace, args, model_key) for n in names}
@@ -173,6 +188,8 @@ def main(args) -> int:
         results[name]["sim_slo_attainment"] = sim["slo_attainment"]
         results[name]["sim_p95_s"] = sim["p95_s"]
         results[name]["sim_p50_s"] = sim["p50_s"]
+        results[name]["vs_profile"] = o["vs_profile"]
+        results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])
     meta = {
         "command": "demo", "model": args.model, "workload": args.workload,
         "device": args.profile, "load": args.load, "arrival": args.arrival,
@@ -187,6 +204,10 @@ def main(args) -> int:
     rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
             for name, res in results.items()]
     print(comparison_table(results, meta))
+    print("the run vs its start-up profile (in-run seconds / the profile's, summed per kind; "
+          "the load the run measured beside the requested one):")
+    for name, res in results.items():
+        print("\n".join(report(name, res["vs_profile"], args.load, res["measured_load"])))
     print(f"largest / smallest standalone time: {meta['standalone_ratio']:.1f}x; "
           f"offline bound for this trace: any policy <= {100 * meta['bound_attainment']:.1f}%"
           f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}%")

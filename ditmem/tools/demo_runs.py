@@ -54,6 +54,16 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
     config = EngineConfig(model=args.model, pool_mb=args.pool_mb, page_kb=args.page_kb,
                           max_queued=max(256, 2 * args.requests))
     policy, cost = make_policy_and_cost(name, args.profile)
+    from ditmem.scheduler import CostModel
+    from ditmem.tools.profile_check import (
+        ObservingPolicy,
+        ProfileCheck,
+        observe_step_report,
+        observe_timing,
+    )
+
+    check, as_measured = ProfileCheck(), CostModel.load(args.profile)
+    policy = ObservingPolicy(policy, lambda rep: observe_step_report(check, rep, as_measured))
     pool, host = make_pools(config, "cpu")
     engine = Engine(gen, policy, cost, pool, host, model=model_key,
                     max_queued=config.max_queued, decode_workers=args.decode_workers,
@@ -67,19 +77,26 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
     if barrier is not None:
         barrier.wait()
     t0 = time.perf_counter()
-    records, services = replay(engine, trace, progress=bar)
+    timings: list = []
+    records, services = replay(engine, trace, progress=bar, timings=timings)
     wall = time.perf_counter() - t0
     if bar is not None:
         bar.close()
     engine.drain(60)
+    for request, timing in timings:
+        observe_timing(check, request, timing, as_measured)
     return {"records": records, "services": services, "stats": engine.stats(), "wall": wall,
+            "vs_profile": check.summary(),
             "leaked": pool.num_used_pages + host.num_used_pages,
             "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
 
 
-def _child(args, name, trace, barrier, out_queue, core, line) -> None:
+def _child(args, name, barrier, out_queue, in_queue, core, line) -> None:
     """One policy in its own process (parallel mode), on CPU ``core`` when given; its
-    progress bar on terminal ``line``."""
+    progress bar on terminal ``line``. With ``--profile measure`` it first measures the
+    profile here (pinned, one thread, the other replay process measuring beside it on the
+    other core: the conditions its replay runs under) and sends it up; then it gets the
+    trace and the profile to schedule with from ``in_queue``."""
     import os
 
     from ditmem import models
@@ -89,30 +106,53 @@ def _child(args, name, trace, barrier, out_queue, core, line) -> None:
         os.sched_setaffinity(0, {core})
     set_torch_threads(args.threads)
     gen = models.load(args.model, dtype=args.dtype)
+    if args.profile == "measure":
+        from ditmem.tools.demo import measure_demo_profile
+
+        out_queue.put(("profile", name, measure_demo_profile(gen, args)))
+    trace, args.profile = in_queue.get()
     pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
     warm_up(gen, trace, pool)
-    out_queue.put((name, run_policy(gen, name, trace, args, scheduler_model(args.model, gen),
-                                    barrier, line)))
+    out_queue.put(("outcome", name, run_policy(gen, name, trace, args,
+                                               scheduler_model(args.model, gen), barrier,
+                                               line)))
 
 
-def run_parallel(names, trace, args) -> dict:
+def run_parallel(names, args, build_trace):
     """Each policy in its own process, all replays started together: on a shared machine
     both see the same background load at the same time. With at least one core per policy
-    (and ``--threads`` 1), each process is pinned to its own core."""
+    (and ``--threads`` 1), each process is pinned to its own core. With ``--profile
+    measure`` every process measures the profile first, all at once, and the profile the
+    replays schedule with is their average (:func:`~ditmem.tools.profile.average_profiles`,
+    saved to ``--profile-out``; ``args.profile`` becomes its path). ``build_trace()`` (after
+    that) gives the trace. Returns ``(trace, {policy: outcome})``."""
     import multiprocessing as mp
     import os
+
+    from ditmem.tools.profile import average_profiles
 
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pin = len(cores) >= len(names) and args.threads == 1
     ctx = mp.get_context("spawn")
     barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(args, n, trace, barrier, out_queue,
+    in_queues = [ctx.Queue() for _ in names]
+    procs = [ctx.Process(target=_child, args=(args, n, barrier, out_queue, in_queues[i],
                                               cores[i] if pin else None, i))
              for i, n in enumerate(names)]
     for p in procs:
         p.start()
-    outcomes = dict(out_queue.get() for _ in names)
+    if args.profile == "measure":
+        print(f"measuring the device profile in the {len(names)} replay processes "
+              f"({'pinned one per core, ' if pin else ''}all at once) ...", flush=True)
+        measured = dict(out_queue.get()[1:] for _ in names)
+        from ditmem.tools.demo import save_profile
+
+        args.profile = save_profile(average_profiles([measured[n] for n in names]), args)
+    trace = build_trace()
+    for q in in_queues:
+        q.put((trace, args.profile))
+    outcomes = dict(out_queue.get()[1:] for _ in names)
     for p in procs:
         p.join()
     print("\n" * len(names), end="", flush=True)  # below the progress bars
-    return outcomes
+    return trace, outcomes

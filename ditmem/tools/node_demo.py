@@ -27,7 +27,7 @@ def _profile(args, node, log) -> dict:
     node's ``parallel`` and ``links`` sections measured on the workers (kept as they are
     when the given JSON has them: a saved demo profile replays the same run)."""
     from ditmem import models
-    from ditmem.parallel.node_profile import measure_node_sections
+    from ditmem.parallel.node_profile import measure_node_sections, measure_on_workers
     from ditmem.scheduler.workloads import MIXES
     from ditmem.tools.profile import measure_profile
 
@@ -56,13 +56,39 @@ def _profile(args, node, log) -> dict:
     key = next(iter(profile["models"]))
     rows = measure_node_sections(node, profile, key, sides, log, tool="ditmem demo --devices",
                                  rounds=CALIBRATION_ROUNDS,
-                                 clock=getattr(args, "parallel_clock", "cpu"))
+                                 clock=getattr(args, "parallel_clock", "wall"))
+    if args.profile == "measure":
+        from ditmem.scheduler.models import tokens_for
+
+        log("measuring steps, encodes and decodes again on the workers, as the replays "
+            "run them ...")
+        changed = measure_on_workers(node, profile, key, sides, log,
+                                     tokens_for=lambda s: tokens_for(key, s, s, 1),
+                                     tile=args.decode_tile)
+        for line in describe_remeasure(changed):
+            log(line)
     check_against_profile(rows, profile, key, log)
     with open(args.profile_out, "w") as f:
         json.dump(profile, f, indent=2)
     log(f"profile: {args.profile_out} (speed-up at degree 2: "
         f"{profile['parallel'][key]['speedup'].get('2')})")
     return profile
+
+
+def describe_remeasure(changed: dict) -> list[str]:
+    """Lines: each number the engine process measured beside the workers' (and ratio)."""
+    b, a = changed["before"], changed["after"]
+    lines = ["  the engine process's measurement vs the workers' (ms):"]
+    for point, s in sorted(a["steps"].items()):
+        old = b["steps"].get(point)
+        if old:
+            lines.append(f"    step {point[0]} tokens batch {point[1]}: {1e3 * old:.1f} -> "
+                         f"{1e3 * s:.1f} (x{s / old:.2f})")
+    for k in ("encode_s", "decode_tile_s"):
+        if a[k] and b[k]:
+            lines.append(f"    {k[:-2].replace('_', ' ')}: {1e3 * b[k]:.1f} -> {1e3 * a[k]:.1f} "
+                         f"(x{a[k] / b[k]:.2f})")
+    return lines
 
 
 #: rounds of the start-up speed-up measurement (more while they spread; see speedup.py)
@@ -100,11 +126,11 @@ class TrackedDevices:
     model (``truth``, a ``NodeCost``: what the simulator replays) predicts for it."""
 
     def __init__(self, devices, truth) -> None:
+        from ditmem.tools.profile_check import ProfileCheck
+
         self.devices = devices
         self.truth = truth
-        self.measured: dict[str, float] = {}
-        self.predicted: dict[str, float] = {}
-        self.jobs: dict[str, int] = {}
+        self.check = ProfileCheck()
 
     def launch(self, job, now: float) -> None:
         self.devices.launch(job, now)
@@ -116,9 +142,7 @@ class TrackedDevices:
         return done
 
     def _add(self, stage: str, measured: float, predicted: float) -> None:
-        self.measured[stage] = self.measured.get(stage, 0.0) + measured
-        self.predicted[stage] = self.predicted.get(stage, 0.0) + predicted
-        self.jobs[stage] = self.jobs.get(stage, 0) + 1
+        self.check.add(stage, measured, predicted)
 
     def record(self, job, t) -> None:
         """Add one job's ``Timings`` ``t`` and the profile's times for ``job``."""
@@ -142,10 +166,7 @@ class TrackedDevices:
 
     def summary(self) -> dict[str, dict]:
         """Per stage: ``{"measured_s", "predicted_s", "ratio", "jobs"}`` (sums over jobs)."""
-        return {k: {"measured_s": self.measured[k], "predicted_s": self.predicted[k],
-                    "ratio": self.measured[k] / self.predicted[k] if self.predicted[k] > 0
-                    else float("inf"), "jobs": self.jobs[k]}
-                for k in sorted(self.measured)}
+        return self.check.summary()
 
 
 def build_trace(args, cost, devices: int):
@@ -285,6 +306,7 @@ def main(args) -> int:
     from ditmem.parallel.node import NodeEngine
     from ditmem.parallel.speedup import CalibrationError
     from ditmem.scheduler import CostModel
+    from ditmem.tools.profile_check import report, work_ratio
 
     if args.devices > (os.cpu_count() or 1):
         print(f"ditmem demo: --devices {args.devices} exceeds the {os.cpu_count()} cores",
@@ -339,16 +361,12 @@ def main(args) -> int:
               f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
               f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
               f"{r['wall_s']:7.0f}")
-    print("replay vs profile (measured / predicted seconds, summed over jobs; the "
-          "simulator's columns assume x1.00):")
+    print("the run vs its start-up profile (in-run seconds / the profile's, summed per kind; "
+          "the load the run's work implies beside the requested one; the simulator's columns "
+          "and the limits below assume x1.00):")
     for name, r in rows.items():
-        parts = [f"{stage} x{v['ratio']:.2f}" for stage, v in r["vs_profile"].items()]
-        print(f"  {name:<6} " + ", ".join(parts))
-        for stage, v in r["vs_profile"].items():
-            if not 1 / TRACK_LIMIT <= v["ratio"] <= TRACK_LIMIT:
-                print(f"  [off] {name} {stage}: x{v['ratio']:.2f} of the profile over "
-                      f"{v['jobs']} jobs -- the prediction and the limits below do not "
-                      "describe this run")
+        r["work_load"] = args.load * work_ratio(r["vs_profile"])
+        print("\n".join(report(name, r["vs_profile"], args.load)))
     print("where the moves' time went (median ms per move command: wall = wait for busy "
           "devices + copy + control path; sums in s):")
     for name, r in rows.items():

@@ -20,6 +20,7 @@ import platform
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ditmem.engine.threads import add_threads_argument, set_torch_threads
@@ -60,6 +61,69 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+#: two passes of one measurement whose medians differ by more than this (relative to the
+#: smaller) are not trusted: it is measured again (:func:`stable_median`)
+AGREEMENT = 0.10
+#: passes :func:`stable_median` makes at most before it gives up on agreement
+MAX_PASSES = 4
+
+
+@dataclass(slots=True)
+class Stable:
+    """One :func:`stable_median` result: ``seconds`` (median of the two passes that
+    agreed, or of every pass when none did), ``passes`` (medians of every pass, in order),
+    ``agreed`` (two consecutive passes within ``AGREEMENT``)."""
+
+    seconds: float
+    passes: list[float]
+    agreed: bool
+
+
+def stable_median(sample, repeats: int, *, warmup: int = 1, agreement: float = AGREEMENT,
+                  max_passes: int = MAX_PASSES, what: str = "",
+                  log=logging.getLogger("ditmem.profile").info) -> Stable:
+    """A robust measurement of one operation. ``sample()`` runs it once and returns its
+    seconds (the caller times only the part that counts, e.g. a decode after its untimed
+    steps). The first ``warmup`` samples are discarded (first-call costs: allocator,
+    oneDNN primitive caches, lazy imports); then passes of ``repeats`` samples each until
+    the medians of the last two passes differ by at most ``agreement`` (relative to the
+    smaller), at most ``max_passes`` passes; the result is the median of those two passes'
+    samples. One line is logged (naming ``what``) when it took more than two passes, and
+    without agreement the result is the median of every pass's samples, logged as
+    unstable."""
+    if repeats < 1:
+        raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    if max_passes < 2:
+        raise ValueError(f"max_passes: must be >= 2, got {max_passes}")
+    for _ in range(warmup):
+        sample()
+    passes: list[list[float]] = []
+    while len(passes) < max_passes:
+        passes.append([float(sample()) for _ in range(repeats)])
+        if len(passes) < 2:
+            continue
+        a, b = statistics.median(passes[-2]), statistics.median(passes[-1])
+        if abs(a - b) <= agreement * min(a, b) * (1 + 1e-9):
+            medians = [statistics.median(q) for q in passes]
+            if len(passes) > 2:
+                log(f"profile: {what or 'a measurement'}: passes disagreed by > "
+                    f"{100 * agreement:.0f} %, measured again until two agreed (pass "
+                    f"medians {', '.join(f'{1e3 * m:.1f}' for m in medians)} ms)")
+            return Stable(statistics.median(passes[-2] + passes[-1]), medians, True)
+    medians = [statistics.median(q) for q in passes]
+    log(f"profile: {what or 'a measurement'} stayed unstable over {len(passes)} passes "
+        f"(medians {', '.join(f'{1e3 * m:.1f}' for m in medians)} ms, none two within "
+        f"{100 * agreement:.0f} %): keeping the median of all")
+    return Stable(statistics.median([x for q in passes for x in q]), medians, False)
+
+
+def timed(fn) -> float:
+    """Wall seconds of one ``fn()`` call (a ``stable_median`` sample)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _fit_line(xs, ys):
     """Least squares y = a + b x with a, b >= 0."""
     n = len(xs)
@@ -80,7 +144,10 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
             frames: int = 1, decode_up_to: int | None = None) -> dict:
     """Raw measurements: step points, encode, decode per side, state bytes per side.
     ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video;
-    ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles)."""
+    ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles).
+    Every number is a :func:`stable_median` (first call discarded, two passes of
+    ``repeats`` samples that agree within ``AGREEMENT``, measured again where they do not);
+    ``checks`` lists each one's passes."""
     from ditmem.models.common.request import GenerationRequest
     from ditmem.scheduler.models import tokens_for
     from ditmem.tools.replay import PROMPTS
@@ -90,19 +157,42 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
                                  num_inference_steps=steps, num_frames=frames, seed=i,
                                  request_id=f"p{side}-{i}")
 
+    counter = iter(range(10**9))
+    checks: list[dict] = []
+
+    def stable(sample, n, what):
+        r = stable_median(sample, n, what=what, log=_warn)
+        checks.append({"what": what, "seconds": r.seconds, "passes": r.passes,
+                       "agreed": r.agreed})
+        return r.seconds
+
+    def encode_once(side):
+        r = request(side, next(counter), 1000)
+        t0 = time.perf_counter()
+        s = gen.encode(r, pool)
+        dt = time.perf_counter() - t0
+        gen.release(s)
+        return dt
+
+    def decode_once(side):
+        s = gen.encode(request(side, next(counter), 2), pool)
+        while not gen.is_done(s):
+            gen.step([s])
+        dt = timed(lambda: gen.decode(s))
+        gen.release(s)
+        return dt
+
     steps, encodes, decodes, state_bytes = [], [], {}, {}
     for side in sides:
         reqs = [request(side, i, 1000) for i in range(max(batches))]
         state_bytes[side] = statistics.mean(_state_bytes(gen, r) for r in reqs)
-        states = []
-        for r in reqs:
-            t0 = time.perf_counter()
-            states.append(gen.encode(r, pool))
-            encodes.append(time.perf_counter() - t0)
+        encodes.append(stable(lambda side=side: encode_once(side), max(2, repeats),
+                              f"encode {side}x{side}"))
+        states = [gen.encode(r, pool) for r in reqs]
         for b in batches:
             batch = states[:b]
-            gen.step(batch)  # warm-up
-            secs = median_time(lambda batch=batch: gen.step(batch), repeats)
+            secs = stable(lambda batch=batch: timed(lambda: gen.step(batch)), repeats,
+                          f"step {side}x{side} batch {b}")
             steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
                           "seconds": secs})
             log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")
@@ -110,19 +200,25 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
             gen.release(s)
         if decode_up_to is not None and side > decode_up_to:
             continue
-        times = []
-        for i in range(max(1, repeats - 1)):  # a 2-step request run to the end, then decoded
-            s = gen.encode(request(side, i, 2), pool)
-            while not gen.is_done(s):
-                gen.step([s])
-            t0 = time.perf_counter()
-            gen.decode(s)
-            times.append(time.perf_counter() - t0)
-            gen.release(s)
-        decodes[side] = statistics.median(times)
+        decodes[side] = stable(lambda side=side: decode_once(side), max(2, repeats - 1),
+                               f"decode {side}x{side}")
         log(f"  decode {side}x{side}: {1000 * decodes[side]:.1f} ms")
-    return {"steps": steps, "encode_s": statistics.median(encodes[1:] or encodes),
-            "decode_s": decodes, "state_bytes": state_bytes, "key": key, "frames": frames}
+    return {"steps": steps, "encode_s": statistics.median(encodes),
+            "decode_s": decodes, "state_bytes": state_bytes, "key": key, "frames": frames,
+            "checks": checks}
+
+
+def _warn(msg: str) -> None:
+    logging.getLogger("ditmem.profile").warning(msg)
+
+
+def stability_note(checks: list[dict]) -> str:
+    """One phrase on how a measurement's :func:`stable_median` checks went."""
+    again = sum(len(c["passes"]) > 2 for c in checks)
+    unstable = [c["what"] for c in checks if not c["agreed"]]
+    note = (f"median of two passes agreeing within {100 * AGREEMENT:.0f} % "
+            f"({again} of {len(checks)} measured again")
+    return note + (f"; unstable: {', '.join(unstable)})" if unstable else ")")
 
 
 def host_link_rate(pool_bytes: int = 64 * 2**20) -> float:
@@ -174,7 +270,9 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
                           f"{fixed:.4f} s (line fit of decode vs megapixels)"),
             "decode_s_per_megapixel": n(per_mp, "slope of decode time vs megapixels"),
             "max_batch": n(max_batch, "engine packed-step limit"),
-            "step": {"kind": "table", "points": n(m["steps"], "median of --repeats steps")},
+            "step": {"kind": "table", "points": n(
+                m["steps"], stability_note(m["checks"]) if "checks" in m
+                else "median of --repeats steps")},
         }},
     }
     if tiling is not None:
@@ -204,8 +302,10 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
     if tiles:
         tile, stride = decode_tile
         if tile not in m["decode_s"]:
-            m["decode_s"][tile] = measure(gen, [tile], [1], repeats, pool, log=log,
-                                          key=m["key"], frames=frames)["decode_s"][tile]
+            extra = measure(gen, [tile], [1], repeats, pool, log=log, key=m["key"],
+                            frames=frames)
+            m["decode_s"][tile] = extra["decode_s"][tile]
+            m["checks"] += extra["checks"]
         m["decode_tile"] = (tile, stride, m["decode_s"][tile])
     weights = sum(p.numel() * p.element_size() for c in gen.pipe.components.values()
                   if hasattr(c, "parameters") for p in c.parameters())
@@ -352,3 +452,37 @@ def main(args) -> int:
         json.dump(profile, f, indent=2)
     print(f"wrote {args.out}")
     return 0
+
+
+#: the measured times :func:`average_profiles` averages (per model section)
+_AVERAGED = ("encode_s", "decode_s_per_megapixel", "decode_tile_s")
+
+
+def average_profiles(profiles: list[dict]) -> dict:
+    """One profile from measurements of the same table made at the same time by several
+    processes (one per core, as the runs that use it): each model's step points,
+    ``encode_s``, ``decode_s_per_megapixel`` and ``decode_tile_s`` averaged, the rest
+    from the first; each averaged number's source says how many measurements it is."""
+    import copy
+
+    if not profiles:
+        raise ValueError("profiles: expected at least one")
+    out = copy.deepcopy(profiles[0])
+    n = len(profiles)
+    if n == 1:
+        return out
+    note = f"; mean of {n} measurements made at once, one per replay process"
+    for key, section in out["models"].items():
+        others = [p["models"][key] for p in profiles]
+        for field in _AVERAGED:
+            if field in section:
+                section[field]["value"] = statistics.mean(o[field]["value"] for o in others)
+                section[field]["source"] += note
+        points = section["step"]["points"]
+        by_point = [{(q["tokens"], q["batch"]): q["seconds"] for q in o["step"]["points"]["value"]}
+                    for o in others]
+        for q in points["value"]:
+            q["seconds"] = statistics.mean(b[(q["tokens"], q["batch"])] for b in by_point)
+        points["source"] += note
+    out["description"] += f" Mean of {n} simultaneous measurements."
+    return out

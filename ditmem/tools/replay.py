@@ -28,11 +28,13 @@ def to_generation(request: Request) -> GenerationRequest:
                              seed=request.seed or 0, request_id=request.id)
 
 
-def replay(engine, requests: list[Request], *, progress=None, timeout_s: float = 3600.0):
+def replay(engine, requests: list[Request], *, progress=None, timeout_s: float = 3600.0,
+           timings: list | None = None):
     """Submit ``requests`` at their arrival times, wait for all; ``Record`` per request
     (times in seconds from the start of the replay), and the running seconds of each completed
     request. A failed or cancelled request gets ``finished = inf`` (a miss).
-    ``progress``: optional tqdm-like bar (``update(1)``)."""
+    ``progress``: optional tqdm-like bar (``update(1)``); ``timings``: a list that gets
+    ``(request, Timing)`` of each completed request."""
     order = sorted(requests, key=lambda r: r.arrival)
     t0 = engine.clock()
     pending = {}
@@ -56,6 +58,8 @@ def replay(engine, requests: list[Request], *, progress=None, timeout_s: float =
                                   finished=timing.finished - t0,
                                   preemptions=timing.preemptions, offloads=timing.offloads))
             services.append(timing.running_s)
+            if timings is not None:
+                timings.append((r, timing))
         else:
             records.append(Record(request=r, started=math.inf, finished=math.inf,
                                   preemptions=0, offloads=0))

@@ -1,0 +1,149 @@
+"""The start-up measurement's statistics (``ditmem.tools.profile.stable_median``) on a fake
+timed function: no real timing anywhere."""
+
+import pytest
+
+from ditmem.tools.profile import measure, stability_note, stable_median
+
+
+def feed(values):
+    """A fake ``sample()`` returning ``values`` in order (and failing past their end)."""
+    it = iter(values)
+    calls = []
+
+    def sample():
+        v = next(it)
+        calls.append(v)
+        return v
+
+    return sample, calls
+
+
+def test_the_first_call_is_discarded_and_the_median_of_two_agreeing_passes_kept():
+    # a cold first call 10x the rest; passes [1.0, 1.2, 0.9] and [1.1, 1.0, 1.05]
+    sample, calls = feed([10.0, 1.0, 1.2, 0.9, 1.1, 1.0, 1.05])
+    r = stable_median(sample, 3, log=lambda _m: None)
+    assert len(calls) == 7
+    assert r.agreed and r.passes == [1.0, 1.05]
+    # median of the six kept samples: (1.0 + 1.05) / 2
+    assert r.seconds == pytest.approx(1.025)
+
+
+def test_passes_that_disagree_by_more_than_ten_percent_are_measured_again_and_logged():
+    # pass 1 median 1.0, pass 2 median 1.5 (a slow spell: +50 %), pass 3 median 1.45:
+    # passes 2 and 3 agree (1.45 vs 1.5: 3.4 %)
+    logged = []
+    sample, calls = feed([9.9, 1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.45, 1.45, 1.45])
+    r = stable_median(sample, 3, what="step 256x256 batch 1", log=logged.append)
+    assert len(calls) == 10
+    assert r.agreed and r.passes == [1.0, 1.5, 1.45]
+    assert r.seconds == pytest.approx(1.475)  # median of {1.5 x3, 1.45 x3}
+    assert len(logged) == 1 and "step 256x256 batch 1" in logged[0] and "again" in logged[0]
+    assert "1000.0, 1500.0, 1450.0 ms" in logged[0]
+
+
+def test_a_ten_percent_difference_is_still_agreement_and_eleven_is_not():
+    r = stable_median(feed([0, 1.0, 1.0, 1.1, 1.1])[0], 2, log=lambda _m: None)
+    assert r.agreed and len(r.passes) == 2
+    r = stable_median(feed([0, 1.0, 1.0, 1.11, 1.11, 1.11, 1.11])[0], 2,
+                      log=lambda _m: None)
+    assert r.agreed and r.passes == [1.0, 1.11, 1.11]
+
+
+def test_without_agreement_it_stops_at_max_passes_with_the_median_of_all_and_says_so():
+    logged = []
+    values = [5.0] + [1.0, 1.0] + [2.0, 2.0] + [4.0, 4.0] + [8.0, 8.0]
+    sample, calls = feed(values)
+    r = stable_median(sample, 2, max_passes=4, what="decode 256x256", log=logged.append)
+    assert len(calls) == 9
+    assert not r.agreed and r.passes == [1.0, 2.0, 4.0, 8.0]
+    assert r.seconds == pytest.approx(3.0)  # median of 1,1,2,2,4,4,8,8
+    assert len(logged) == 1 and "unstable" in logged[0] and "decode 256x256" in logged[0]
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="repeats"):
+        stable_median(lambda: 1.0, 0)
+    with pytest.raises(ValueError, match="max_passes"):
+        stable_median(lambda: 1.0, 2, max_passes=1)
+
+
+class FakeGen:
+    """A generator stand-in whose ops advance a fake clock: the first decode of the
+    process costs 5 s (cold), later ones 1 s; a step of b requests costs b x 0.1 s."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.decodes = 0
+
+    def state_bytes(self, r):
+        return r.width * r.height
+
+    def encode(self, r, pool):
+        self.clock.t += 0.01
+        return {"left": r.num_inference_steps}
+
+    def step(self, batch):
+        self.clock.t += 0.1 * len(batch)
+        for s in batch:
+            s["left"] -= 1
+
+    def is_done(self, s):
+        return s["left"] <= 0
+
+    def decode(self, s):
+        self.decodes += 1
+        self.clock.t += 5.0 if self.decodes == 1 else 1.0
+
+    def release(self, s):
+        pass
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_measure_discards_the_cold_first_decode(monkeypatch):
+    import time
+
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    gen = FakeGen(clock)
+    m = measure(gen, [64], [1, 2], 3, pool=None, log=lambda *_: None)
+    assert m["decode_s"][64] == pytest.approx(1.0)  # not (5 + 1) / 2
+    assert [p["seconds"] for p in m["steps"]] == pytest.approx([0.1, 0.2])
+    assert m["encode_s"] == pytest.approx(0.01)
+    assert all(c["agreed"] and len(c["passes"]) == 2 for c in m["checks"])
+    assert stability_note(m["checks"]).startswith("median of two passes agreeing within 10 %")
+
+
+def test_simultaneous_measurements_are_averaged_point_by_point():
+    import copy
+
+    from ditmem.tools.profile import average_profiles, build_profile
+
+    measured = {"steps": [{"tokens": 16, "batch": 1, "seconds": 0.004},
+                          {"tokens": 256, "batch": 1, "seconds": 0.010}],
+                "encode_s": 0.002, "decode_s": {64: 0.01, 256: 0.16},
+                "state_bytes": {64: 1000.0, 256: 16000.0}, "key": "qwen-image", "frames": 1,
+                "decode_tile": (256, 224, 0.16)}
+    a = build_profile(measured, model="m", name="t", pool_mb=64, max_batch=4,
+                      weights_bytes=10, link=1e9)
+    m2 = copy.deepcopy(measured)
+    m2["steps"][0]["seconds"], m2["steps"][1]["seconds"] = 0.006, 0.014
+    m2["encode_s"], m2["decode_tile"] = 0.004, (256, 224, 0.20)
+    b = build_profile(m2, model="m", name="t", pool_mb=64, max_batch=4, weights_bytes=10,
+                      link=1e9)
+    out = average_profiles([a, b])
+    sec = out["models"]["qwen-image"]
+    assert [q["seconds"] for q in sec["step"]["points"]["value"]] == pytest.approx([0.005, 0.012])
+    assert sec["encode_s"]["value"] == pytest.approx(0.003)
+    assert sec["decode_tile_s"]["value"] == pytest.approx(0.18)
+    assert "mean of 2 measurements" in sec["step"]["points"]["source"]
+    assert a["models"]["qwen-image"]["encode_s"]["value"] == pytest.approx(0.002)  # untouched
+    assert average_profiles([a]) == a
+    with pytest.raises(ValueError, match="profiles"):
+        average_profiles([])
