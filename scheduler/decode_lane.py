@@ -103,12 +103,29 @@ class TiledDecodes:
     :meth:`pick` chooses which decode (if any) runs a tile instead of the planned step:
     with no step planned, the earliest deadline; otherwise the earliest-deadline decode
     that can still meet its deadline, if it is due before every member of the batch (a
-    decode that will miss anyway does not hold back requests that can still make it).
+    decode that will miss anyway does not hold back requests that can still make it);
+    otherwise, while some decode will miss its deadline, the earliest-deadline such *late*
+    decode runs its next tile as soon as its tiles have had ``late_share`` of the loop's
+    time since a late decode was last pending (a credit that grows by
+    ``elapsed · late_share / (1 − late_share)`` between picks, capped at that next tile).
+
+    **The bound** (``late_share`` = s > 0). While the earliest-deadline late decode has a
+    tile of ``u`` s left, the loop runs at most ``u · (1 − s) / s`` s of other work plus the
+    rest of one step (a step is never split) before that tile runs. So a late decode of
+    ``n`` tiles and ``S`` s in all that stays the earliest-deadline late one finishes within
+    ``S / s + n · T`` of the time it became so (``T``: the longest step or on-time tile) —
+    it can no longer wait for an idle device without bound. With ``late_share`` 0 a late
+    decode runs only when no step is planned (the rule before; no bound under load).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, late_share: float = 0.1) -> None:
+        if not 0.0 <= late_share < 1.0:
+            raise ValueError(f"late_share must be in [0, 1), got {late_share!r}")
+        self.late_share = late_share
         self._pending: list[_Tiled] = []
         self._seq = 0
+        self._credit = 0.0  # loop seconds the late decodes have earned (s)
+        self._last: float | None = None  # the previous pick's time, if a late decode was pending
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -122,16 +139,28 @@ class TiledDecodes:
 
     def pick(self, now: float, deadline: float | None) -> str | None:
         """The decode to advance now instead of a step due at ``deadline`` (None: no step
-        planned), or None to run the step."""
+        planned), or None to run the step (class docstring: the rule and its bound)."""
+        late = next((d for d in self._pending if now + sum(d.units) > d.deadline), None)
+        if late is None or self.late_share <= 0:
+            self._credit, self._last = 0.0, None
+        else:
+            if self._last is not None:
+                rate = self.late_share / (1.0 - self.late_share)
+                self._credit += max(0.0, now - self._last) * rate
+            self._credit = min(self._credit, late.units[-1])
+            self._last = now
         if not self._pending:
             return None
         if deadline is None:
             return self._pending[0].rid
         for d in self._pending:
             if d.deadline >= deadline:
-                return None
+                break
             if now + sum(d.units) <= d.deadline:
                 return d.rid
+        if late is not None and self.late_share > 0 and self._credit >= late.units[-1] - 1e-9:
+            self._credit = 0.0
+            return late.rid
         return None
 
     def remove(self, rid: str) -> None:

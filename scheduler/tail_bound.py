@@ -48,6 +48,20 @@ from .request import Request
 
 logger = logging.getLogger(__name__)
 
+#: ``work`` kinds: ``bound.min_work``'s (``"profile"``, ``"flops"``: the least a request can
+#: cost with any batching) and ``"standalone"`` (its batch-1 time: the bound then holds for
+#: every schedule that runs one request per step, with exact timings).
+TAIL_WORK_KINDS = ("profile", "flops", "standalone")
+
+
+def _work_of(requests: Sequence[Request], cost: CostModel, work: str) -> Callable[[Request], float]:
+    """Per-request device seconds the bound charges (``TAIL_WORK_KINDS``)."""
+    if work == "standalone":
+        return cost.standalone_time
+    if work not in TAIL_WORK_KINDS:
+        raise ValueError(f"work must be one of {TAIL_WORK_KINDS}, got {work!r}")
+    return trace_work(requests, cost, work)
+
 
 class _Fenwick:
     """Counts and work sums over positions (works sorted ascending)."""
@@ -92,10 +106,10 @@ def min_misses_within(
     """A lower bound on the misses of any schedule in which every request finishes within
     ``max_flow`` s of its arrival (one number, or one per request id) — see the module
     docstring. ``horizon`` caps window length (s; default the larger of 16 × the longest
-    SLO window and 3 × the largest ``max_flow``); ``work`` as in ``bound.min_work``."""
+    SLO window and 3 × the largest ``max_flow``); ``work``: ``TAIL_WORK_KINDS``."""
     if not requests:
         return 0
-    cost_of: Callable[[Request], float] = trace_work(requests, cost, work)
+    cost_of: Callable[[Request], float] = _work_of(requests, cost, work)
     if isinstance(max_flow, Mapping):
         missing = [r.id for r in requests if r.id not in max_flow]
         if missing:
@@ -290,7 +304,7 @@ def tail_windows(
         raise ValueError(f"need 0 < tail_flow <= max_flow, got {tail_flow!r}, {max_flow!r}")
     if exempt < 0:
         raise ValueError(f"exempt must be >= 0, got {exempt!r}")
-    cost_of = trace_work(requests, cost, work)
+    cost_of = _work_of(requests, cost, work)
     jobs = sorted(((r.arrival, r.deadline, cost_of(r), r.arrival + tail_flow,
                     r.arrival + max_flow) for r in requests), key=lambda j: j[0])
     if horizon is None:
@@ -315,7 +329,10 @@ def min_misses_tail(
     """A lower bound on the total misses over ``traces`` (independent runs, e.g. seeds) of
     any schedules in which every flow is ≤ ``max_flow`` s and, pooled over the traces, at
     most ``exempt`` flows are > ``tail_flow`` s (``allowed_above(N, 99)`` with the fifo P99
-    as ``tail_flow``: "P99 and maximum no higher than fifo's"). Works: ``bound.min_work``.
+    as ``tail_flow``: "P99 and maximum no higher than fifo's"). Works: ``bound.min_work``
+    (``work="profile"``/``"flops"``: any batching), or ``"standalone"``: batch-1 times, a
+    bound for the schedules that run one request per step (and for any schedule whose
+    packing gains are nil on the trace).
 
     **Derivation.** Fix a schedule and its exempt set E (the requests with flow above
     ``tail_flow``, |E| ≤ ``exempt``). Take a window [t1, t2] starting at an arrival and, among

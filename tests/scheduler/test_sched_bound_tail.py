@@ -239,3 +239,46 @@ def test_the_joint_bound_is_never_beaten_by_a_policy_that_keeps_the_limits():
                 checked += 1
                 assert sum(not r.met for r in res.records) >= bound, (trial, name)
     assert checked  # at least one non-fifo run kept the limits
+
+
+# ---- batch-1 work (work="standalone"): the bound for schedules that run one request a step --
+
+
+def test_the_batch1_bound_by_hand_where_packing_would_allow_everything():
+    """The exemption-budget trace above on a model whose 4-batch of 512² steps in 2 s (0.5 s
+    a member instead of 1 s). Charged batch-1 times the hand count is unchanged: 6, 5 and 0
+    misses (same brute force over the late and exempt sets); with the packing credit the
+    big ones' 12 s shrink to 6 s and nothing is forced (0 misses each time) — so the
+    batch-1 figure bounds only schedules that do not pack, and it is the larger."""
+    cost = table_cost(batch_points=[{"tokens": 1024, "batch": 4, "seconds": 2.0}])
+    big = [req(f"b{i}", 0.1 * i, steps=6, slo_ms=60_000, cost=cost) for i in range(2)]
+    small = [req(f"s{i}", float(i), steps=1, slo_ms=1_500, cost=cost) for i in range(1, 7)]
+    trace = [*big, *small]
+    work = [cost.standalone_time(r) for r in trace]
+    assert work == pytest.approx([6.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    for limits, misses in (((13.0, 12.0, 0), 6), ((13.0, 12.0, 1), 5), ((20.0, 20.0, 0), 0)):
+        assert _best_misses_joint(trace, work, *limits) == misses
+        assert min_misses_tail([trace], cost, *limits, work="standalone") == misses
+        assert min_misses_tail([trace], cost, *limits) == 0
+    with pytest.raises(ValueError, match="work"):
+        min_misses_tail([trace], cost, 13.0, 12.0, 0, work="batch-1")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10), st.integers(1, 5), st.sampled_from((1.2, 2.0, 3.0))),
+                min_size=1, max_size=6),
+       st.floats(3.0, 14.0), st.floats(1.0, 2.5), st.integers(0, 2))
+def test_the_batch1_bound_is_never_above_the_batch1_brute_force(jobs, tail_flow, stretch, exempt):
+    cost = table_cost(batch_points=[{"tokens": 1024, "batch": 4, "seconds": 2.0}])
+    trace = [req(f"r{i}", a, steps=s, scale=scale, cost=cost)
+             for i, (a, s, scale) in enumerate(sorted(jobs))]
+    work = [cost.standalone_time(r) for r in trace]
+    max_flow = tail_flow * stretch
+    best = _best_misses_joint(trace, work, max_flow, tail_flow, exempt)
+    try:
+        bound = min_misses_tail([trace], cost, max_flow, tail_flow, exempt, work="standalone")
+    except ValueError as exc:
+        assert best is None, (best, str(exc))
+        return
+    assert bound <= (len(trace) if best is None else best)
+    assert bound >= min_misses_tail([trace], cost, max_flow, tail_flow, exempt)

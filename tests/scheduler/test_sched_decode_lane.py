@@ -124,3 +124,65 @@ def test_tiled_decode_yields_to_an_earlier_deadline_by_hand(decode, finish_a, fi
     result = simulate([a, b], make_policy("fifo", cost), decode=decode)
     finished = {r.request.id: r.finished for r in result.records}
     assert finished == {"a": pytest.approx(finish_a), "b": pytest.approx(finish_b)}
+
+
+# ---- late decodes: a share of the loop, so none waits for an idle device without bound ----
+
+
+def test_late_decode_gets_its_share_between_steps_by_hand():
+    """A decode already past its deadline (two 0.1-s tiles) against back-to-back 0.3-s steps
+    due later. With ``late_share`` 0.1 it earns 0.3 · 0.1 / 0.9 = 1/30 s a step: its first
+    tile runs at 0.9 s (after three steps), the second once 0.1 + 0.8 s more have passed
+    and three more steps are done, at 1.9 s; it is done at 2.0 s — 0.2 of the 2.0 s. With
+    share 0 (the rule before) it never runs while a step is planned."""
+    from ditmem.scheduler.decode_lane import TiledDecodes
+
+    for share, expect in ((0.1, [0.9, 1.9]), (0.0, [])):
+        tiles = TiledDecodes(late_share=share)
+        tiles.push("late", 0.0, [0.1, 0.1])
+        now, ran = 0.0, []
+        while now < 3.0 and len(tiles):
+            rid = tiles.pick(now, 5.0)
+            if rid is None:
+                now += 0.3  # the planned step
+                continue
+            ran.append(round(now, 9))
+            seconds, _ = tiles.run_one(rid)
+            now += seconds
+        assert ran == pytest.approx(expect)
+    # an on-time decode due before the step still runs first, and nothing without decodes
+    tiles = TiledDecodes()
+    assert tiles.pick(0.0, 5.0) is None
+    tiles.push("late", 0.0, [0.1])
+    tiles.push("due", 4.0, [0.1])
+    assert tiles.pick(1.0, 5.0) == "due"
+    with pytest.raises(ValueError, match="late_share"):
+        TiledDecodes(late_share=1.0)
+
+
+def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work(monkeypatch):
+    """The issue's adversarial case for decodes: a 512² request (4 steps of 1 s, then 4
+    decode tiles of 0.5 s) that is already late when its steps end, against a stream of
+    256² one-step requests arriving as fast as the loop serves them (so the loop never
+    idles until 60 s). Before, its decode waited for the stream to end; now it finishes
+    within S / share + n · T of its last step (S = 2 s of tiles, n = 4, T the longest other
+    piece of work: one small step or decode)."""
+    import functools
+
+    from ditmem.scheduler import decode_lane, simulator
+
+    cost = _tiled_cost()
+    big = req("big", 0.0, steps=4, slo_ms=3_000, cost=cost)
+    probe = req("p", 0.0, size=256, steps=1, cost=cost)
+    small_s = cost.standalone_time(probe)  # step + its one-tile decode
+    t_max = max(cost.step_time("qwen-image", [cost.tokens(probe)]), cost.decode_time(probe))
+    stream = [req(f"s{i}", 4.0 + i * small_s, size=256, steps=1, slo_ms=100_000, cost=cost)
+              for i in range(int(56 / small_s))]
+    finish = {}
+    for share in (0.1, 0.0):
+        monkeypatch.setattr(simulator, "TiledDecodes",
+                            functools.partial(decode_lane.TiledDecodes, late_share=share))
+        result = simulate([big, *stream], make_policy("fifo", cost), decode="tiled")
+        finish[share] = next(r.finished for r in result.records if r.request.id == "big")
+    assert finish[0.1] <= 4.0 + 2.0 / 0.1 + 4 * t_max + 1e-9
+    assert finish[0.0] >= stream[-1].arrival  # the rule before: only once the stream is done
