@@ -73,9 +73,10 @@ def main() -> None:
         if run.endswith("_profile.json") or "moves" in run:
             continue
         rows = json.load(open(run))
-        prof = glob.glob(str(R2 / (Path(run).stem.split("_")[0] + "_" +
-                                   Path(run).stem.split("_")[1] + "_" +
-                                   Path(run).stem.split("_")[2].rstrip("b") + "_profile.json")))
+        # run 7b replayed run 6's saved profile; the others their own
+        stem = "demo_devices2_run6" if Path(run).stem == "demo_devices2_run7b" else \
+            "_".join(Path(run).stem.split("_")[:3])
+        prof = glob.glob(str(R2 / f"{stem}_profile.json"))
         nums = profile_numbers(prof[0]) if prof else {}
         for r in rows:
             vs = r.get("vs_profile", {})

@@ -144,15 +144,37 @@ def run_parallel(names, args, build_trace):
     if args.profile == "measure":
         print(f"measuring the device profile in the {len(names)} replay processes "
               f"({'pinned one per core, ' if pin else ''}all at once) ...", flush=True)
-        measured = dict(out_queue.get()[1:] for _ in names)
+        measured = dict(_collect(out_queue, procs, len(names)))
         from ditmem.tools.demo import save_profile
 
         args.profile = save_profile(average_profiles([measured[n] for n in names]), args)
     trace = build_trace()
     for q in in_queues:
         q.put((trace, args.profile))
-    outcomes = dict(out_queue.get()[1:] for _ in names)
+    outcomes = dict(_collect(out_queue, procs, len(names)))
     for p in procs:
         p.join()
     print("\n" * len(names), end="", flush=True)  # below the progress bars
     return trace, outcomes
+
+
+def _collect(out_queue, procs, n: int) -> list[tuple]:
+    """``n`` ``(name, value)`` messages from the replay processes; RuntimeError naming the
+    process when one of them dies before sending its message (no hang)."""
+    import queue
+
+    got = []
+    while len(got) < n:
+        try:
+            got.append(out_queue.get(timeout=2.0)[1:])
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    if p.is_alive():
+                        p.terminate()
+                raise RuntimeError("ditmem demo: replay process "
+                                   + ", ".join(f"{p.name} (exit code {p.exitcode})"
+                                               for p in dead)
+                                   + " died; see its error above") from None
+    return got
