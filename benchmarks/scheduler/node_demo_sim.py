@@ -18,6 +18,13 @@ table: per profile and seed, attainment / P95 / P99 per variant and whether the 
 targets hold (``y``/``-``: attainment, P95, P99); then per variant the count of
 (profile, seed) traces meeting each target, mean attainment and mean P95 / fifo's.
 Profile run4 (speed-ups below 1: a loaded machine) is left out by default.
+
+``--tier VARIANT`` prints instead what sets that variant's P95: the records of the large
+tier (1024², the demo's largest) pooled per profile — its share, how many of the requests at
+or above the P95 it holds, its time alone at degree 1 and 2, how many finish within 1.2 ×
+the latter (the P95 bar), and per request on average: the wait before its first step, the
+seconds lost to steps at degree 1 instead of 2, the rest (pauses between steps), steps at
+degree 1, and whether another large request was alive alongside.
 """
 
 from __future__ import annotations
@@ -104,6 +111,68 @@ def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: 
     return rows
 
 
+def tier_rows(profiles: list[str], seeds: list[int], spec: str, *, devices: int = 2,
+              load: float = 0.8, requests: int = 150, side: int = 1024) -> list[dict]:
+    """Per profile: the ``side``² tier of ``spec``'s records over ``seeds`` (see --tier)."""
+    name, options = parse_variant(spec)
+    out = []
+    for prof in profiles:
+        with open(RESULTS / f"demo_devices2_{prof}_profile.json") as f:
+            cost = CostModel.from_dict(json.load(f))
+        nc = NodeCost(cost)
+        big, total, tail, tail_big = [], 0, 0, 0
+        for seed in seeds:
+            args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
+                                         seed=seed, arrival="poisson", divisor=2)
+            trace = build_trace(args, cost, devices)
+            topo = Node(devices, nc.links)
+            policy = make_node_policy(name, NodeCost(cost), topo, **options)
+            recs = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
+                                 noise=TimingNoise(0.03, 0.0, seed)).records
+            p95 = summarize(recs)["p95_s"]
+            large = [r for r in recs if r.request.width * r.request.height >= side * side]
+            total += len(recs)
+            over = [r for r in recs if r.latency >= p95 - 1e-9]
+            tail += len(over)
+            tail_big += sum(r.request.width * r.request.height >= side * side for r in over)
+            for r in large:
+                q = r.request
+                fixed = cost.encode_time(q) + cost.decode_time(q)
+                one, two = nc.alone_step(q, 1), nc.alone_step(q, 2)
+                alone2 = fixed + q.steps * two
+                wait = r.started - q.arrival
+                slow = r.degrees.get(1, 0) * (one - two)
+                alive = any(o is not r and o.request.arrival < r.finished
+                            and o.finished > q.arrival for o in large)
+                big.append(dict(lat=r.latency, alone1=fixed + q.steps * one, alone2=alone2,
+                                wait=wait, slow=slow, pause=r.latency - alone2 - wait - slow,
+                                d1=r.degrees.get(1, 0), steps=q.steps, alone=not alive))
+        n = max(1, len(big))
+        out.append({
+            "profile": prof, "share": len(big) / max(1, total), "tail_large": tail_big,
+            "tail": tail, "requests": len(big),
+            "alone1_s": big[0]["alone1"] if big else 0.0,
+            "alone2_s": big[0]["alone2"] if big else 0.0,
+            "within_bar": sum(b["lat"] <= 1.2 * b["alone2"] for b in big),
+            **{f"mean_{k}": sum(b[k] for b in big) / n
+               for k in ("wait", "slow", "pause", "d1", "steps")},
+            "no_other_alive": sum(b["alone"] for b in big),
+        })
+    return out
+
+
+def print_tier(rows: list[dict]) -> None:
+    print(f"{'profile':8} {'share':>6} {'tail':>7} {'alone1':>6} {'alone2':>6} {'in bar':>8} "
+          f"{'wait':>5} {'d1 cost':>7} {'pauses':>6} {'d1 steps':>9} {'alone':>8}")
+    for r in rows:
+        print(f"{r['profile']:8} {100 * r['share']:5.1f}% {r['tail_large']:3d}/{r['tail']:<3d} "
+              f"{r['alone1_s']:6.2f} {r['alone2_s']:6.2f} "
+              f"{r['within_bar']:3d}/{r['requests']:<4d} {r['mean_wait']:5.2f} "
+              f"{r['mean_slow']:7.2f} {r['mean_pause']:6.2f} "
+              f"{r['mean_d1']:4.1f}/{r['mean_steps']:<4.0f} "
+              f"{r['no_other_alive']:3d}/{r['requests']:<4d}")
+
+
 def print_table(rows: list[dict], variants: list[str]) -> None:
     head = f"{'profile':8} {'seed':>4} {'bound':>6} {'floor':>6} | " + " | ".join(
         f"{v[:26]:^26}" for v in variants)
@@ -146,8 +215,18 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--tier", metavar="VARIANT",
+                    help="instead: what sets this variant's P95 (the 1024² tier; see above)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.tier:
+        rows = tier_rows(args.profiles.split(","), parse_seeds(args.seeds), args.tier,
+                         load=args.load, requests=args.requests)
+        print_tier(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"tier": args.tier, "rows": rows}, f, indent=2)
+        return 0
     sep = ";" if ";" in args.variants else None
     variants = args.variants.split(sep) if sep else _split_plain(args.variants)
     if "fifo" not in variants:

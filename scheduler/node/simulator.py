@@ -11,6 +11,7 @@ pages) and checks every plan: a broken rule raises ``PlanError`` naming it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from .device import Completion, Job, Move, NodeDevices, VirtualDevices, decode_l
 from .intake import NodeIntake, TraceIntake
 from .plan import Assignment, NodeStatus, NodeView
 from .topology import Group, Node
+
+log = logging.getLogger(__name__)
 
 #: Most started (running + paused) requests per device (DESIGN.md: 64).
 MAX_STARTED_PER_DEVICE = 64
@@ -241,7 +244,12 @@ def run_node(
                 s.running = False
                 s.steps_done += job.steps
             elif s.group is not None and s.group.degree > 1:
-                st.place(s, node.group_of(lane, 1))
+                need = truth.shard_pages(s.request, 1, page_bytes) - s.pages
+                if st.free_pages[lane] >= need:
+                    st.place(s, node.group_of(lane, 1))
+                else:  # the devices' gather fails too (the node engine fails the request)
+                    log.warning("decode of %s: device %d lacks %d pages to gather it; kept "
+                                "on group %s", s.id, lane, need - st.free_pages[lane], s.group)
 
     def on_decoded(run: _Running, job: Job, rid: str, t: float) -> None:
         """``rid``'s decode ended at ``t``: it is done, its pages are free."""
