@@ -210,8 +210,7 @@ class _GroupJob(JobStages):
         """Tell the loop (a partial ``Completion``) that ``released`` devices are free and
         ``decoded`` requests done (``stepped``: the job's steps have ended)."""
         with self.devices._lock:
-            keep = {r.id for r in self.job.decodes} if stepped else set(self.owned)
-            self.owned[:] = [rid for rid in self.owned if rid in keep and rid not in decoded]
+            self.owned[:] = [rid for rid in self.owned if rid not in decoded]
         self.devices._done.put(Completion(self.job, self.started, self.devices.now(),
                                           self.timings, released, decoded, stepped,
                                           last=False))
@@ -283,6 +282,8 @@ class _GroupJob(JobStages):
         owner, node, mark = self.devices, self.node, self.clock()
         decodes = list(self.job.decodes)
         lanes = decode_lanes(self.job.group, len(decodes))
+        with owner._lock:  # the steps are over: a failure from here fails only the decodes
+            self.owned[:] = [r.id for r in decodes]
         for request, device in zip(decodes, lanes, strict=True):
             node.move(request.id, (device,))
         self._hand_back(tuple(d for d in self.group if d not in lanes), stepped=True)

@@ -118,3 +118,24 @@ def test_two_decodes_of_a_degree_two_job_each_done_at_its_own_end(node):
     for r in (a, b):
         _close(devices.outputs[r.id], expected[r.id])
     assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_failed_decode_fails_only_its_request_not_the_paused_member(node):
+    """A degree-2 job stepping x (its last step) and y (one more to go); x's decode fails
+    (a tile whose stride exceeds it: the worker refuses it). Only x fails; y, paused at the
+    steps' end and the loop's again, is not failed and still held on both devices."""
+    x = Request("x", 0.0, width=128, height=128, steps=1, seed=5)
+    y = Request("y", 0.0, width=64, height=64, steps=2, seed=6)
+    pair = Node(2).groups(2)[0]
+    failed = []
+    devices = EngineDevices(node, to_generation, decode_tile=(64, 100),
+                            on_failed=lambda rid, exc: failed.append(rid))
+    devices.launch(Job(0, pair, [x, y], 1, [], [x, y], [x]), 0.0)
+    seen = []
+    while not any(c.last for c in seen):
+        seen += devices.wait(None)
+    assert seen[0].stepped and seen[0].released == (1,)
+    assert failed == ["x"] and devices.failed == {"x"}
+    assert node.holders["y"] == (0, 1)
+    node.release("y")
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
