@@ -1,8 +1,10 @@
-"""The HTTP bench's trace replayed in the simulator: fifo, slo's previous deadline order
-(``order="edf"``) and its default side by side, on the measured profile with timing noise on.
+"""The HTTP bench's trace replayed in the simulator: fifo, slo (default: earliest deadline)
+and its FIFO-first order (``order="fifo"``) side by side, on the measured profile with timing
+noise on.
 
     python benchmarks/scheduler/replay_bench.py [--bench JSON] [--seeds 3] [--json OUT]
-        [--setting LABEL=KEY:VALUE,KEY:VALUE ...]
+        [--setting LABEL=KEY:VALUE,KEY:VALUE ...] [--demo RUN.json ... [--demo-seeds N]]
+        [--late-share S ...]
 
 ``--bench`` (default ``benchmarks/serving/results/bench_omni_random_s5.json``, written by
 ``benchmarks/serving/bench_serving.py --mix omni-random --json``) carries both runs'
@@ -18,17 +20,25 @@ Columns: attainment (%), P50/P95/P99/max latency (s) and P95/P99/max over fifo's
 the demo's trace rebuilt from its settings (workload, divisor, requests, seed, load) on the
 profile that run measured, each setting simulated with the run's decode mode per policy
 (the demo's own prediction also fixes the engine's page pool; this replay keeps the
-profile's), beside what the run measured.
+profile's), beside what the run measured; ``--demo-seeds N`` adds N fresh traces of the
+same demo (its seed + 1 .. + N) on the same profile.
+
+``--late-share S`` (repeatable) repeats every slo row of the demos (the runs that decode tile
+by tile) with ``decode_lane.TiledDecodes(late_share=S)`` in place of the default (0.1; 0: the
+rule before, where a late decode waits for an idle device), labelled ``... ls=S``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 
-from ditmem.scheduler import CostModel
+from ditmem.scheduler import CostModel, decode_lane
+from ditmem.scheduler import simulator as simulator_module
 from ditmem.scheduler.metrics import summarize
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise
 from ditmem.scheduler.policies import make_policy
@@ -37,7 +47,23 @@ from ditmem.scheduler.simulator import simulate
 from ditmem.scheduler.workloads import with_load, workload
 
 DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
-SETTINGS = [("fifo", "fifo", {}), ("slo edf", "slo", {"order": "edf"}), ("slo", "slo", {})]
+SETTINGS = [("fifo", "fifo", {}), ("slo", "slo", {}), ("slo fifo-first", "slo", {"order": "fifo"})]
+
+
+@contextlib.contextmanager
+def late_share(share: float | None):
+    """Simulate with ``TiledDecodes(late_share=share)`` inside the block (None: the default).
+    The simulator builds its ``TiledDecodes`` itself, so the class it uses is swapped for
+    the duration of the block, in this process only."""
+    if share is None:
+        yield
+        return
+    saved = simulator_module.TiledDecodes
+    simulator_module.TiledDecodes = functools.partial(decode_lane.TiledDecodes, late_share=share)
+    try:
+        yield
+    finally:
+        simulator_module.TiledDecodes = saved
 
 
 def bench_trace(bench: dict) -> tuple[list[Request], dict[str, float]]:
@@ -74,25 +100,33 @@ def demo_trace(run: dict, cost: CostModel) -> list[Request]:
     return with_load(reqs, cost, run["load"], seed=run["seed"], arrival=run["arrival"])
 
 
-def replay_demo(path: str, settings, sigma: float) -> list[dict]:
-    """Every setting on the trace of the demo run in ``path`` (module docstring)."""
+def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
+                shares: tuple[float, ...] = ()) -> list[dict]:
+    """Every setting on the trace of the demo run in ``path`` (module docstring); with
+    ``seed_offset`` k > 0, a fresh trace of the same demo (its seed + k)."""
     with open(path) as fh:
         runs = {r["policy"]: r for r in json.load(fh)}
     cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
     first = next(iter(runs.values()))
-    reqs = demo_trace(first, cost)
-    print(f"demo {path}: {len(reqs)} requests, measured: " + "; ".join(
-        f"{p} {100 * r['slo_attainment']:.1f} % P95 {r['p95_s']:.2f} P99 {r['p99_s']:.2f} "
-        f"max {r['max_s']:.2f} (its sim {100 * r['sim_slo_attainment']:.1f} % "
-        f"P95 {r['sim_p95_s']:.2f})" for p, r in runs.items()))
+    reqs = demo_trace(dict(first, seed=first["seed"] + seed_offset), cost)
+    if seed_offset == 0:
+        print(f"demo {path}: {len(reqs)} requests, measured: " + "; ".join(
+            f"{p} {100 * r['slo_attainment']:.1f} % P95 {r['p95_s']:.2f} P99 {r['p99_s']:.2f} "
+            f"max {r['max_s']:.2f} (its sim {100 * r['sim_slo_attainment']:.1f} % "
+            f"P95 {r['sim_p95_s']:.2f})" for p, r in runs.items()))
+    trace = path if seed_offset == 0 else f"{path.removesuffix('.json')}+{seed_offset}.json"
+    runs_of = [(label, policy, options, None) for label, policy, options in settings]
+    runs_of += [(f"{label} ls={share:g}", policy, options, share) for share in shares
+                for label, policy, options in settings if policy == "slo"]
     rows = []
-    for label, policy, options in settings:
+    for label, policy, options, share in runs_of:
         decode = first["decode"].get(policy, "inline")
         pol = make_policy(policy, cost.fresh(), **options)
-        result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
-                          noise=TimingNoise(sigma=sigma, seed=0))
+        with late_share(share):
+            result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
+                              noise=TimingNoise(sigma=sigma, seed=0))
         out = summarize(result.records)
-        out.update(trace=path, setting=label, options=options)
+        out.update(trace=trace, setting=label, options=options, late_share=share)
         rows.append(out)
     return rows
 
@@ -119,6 +153,10 @@ def main() -> None:
                     help="extra slo row LABEL=KEY:VALUE,... (repeatable)")
     ap.add_argument("--demo", action="append", default=[],
                     help="a ditmem demo --json file to replay as well (repeatable)")
+    ap.add_argument("--demo-seeds", type=int, default=0,
+                    help="fresh traces of each --demo (its seed + 1..N) on its profile")
+    ap.add_argument("--late-share", type=float, action="append", default=[],
+                    help="repeat the demos' slo rows with TiledDecodes(late_share=S) (repeatable)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -133,7 +171,7 @@ def main() -> None:
     settings = SETTINGS + [parse_setting(s) for s in args.setting]
     rows: list[dict] = []
     print(f"{len(base)} requests ({args.bench}), profile {cost.name!r}, noise {args.noise:g}")
-    print(f"{'trace':<12} {'policy':<22} {'att %':>6} {'client':>6} {'P50':>6} {'P95':>6} "
+    print(f"{'trace':<18} {'policy':<26} {'att %':>6} {'client':>6} {'P50':>6} {'P95':>6} "
           f"{'P99':>6} {'max':>6} {'P95/f':>6} {'P99/f':>6} {'max/f':>6}")
     for name, reqs, slo in traces:
         found = [run(reqs, cost, policy, options, 0, args.noise, slo) | dict(
@@ -141,9 +179,10 @@ def main() -> None:
         show(found, slo is not None)
         rows += found
     for path in args.demo:
-        found = replay_demo(path, settings, args.noise)
-        show(found, False)
-        rows += found
+        for k in range(args.demo_seeds + 1):
+            found = replay_demo(path, settings, args.noise, k, tuple(args.late_share))
+            show(found, False)
+            rows += found
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"bench": args.bench, "rows": rows}, fh, indent=2)
@@ -156,7 +195,7 @@ def show(rows: list[dict], client: bool) -> None:
     for r in rows:
         name = r["trace"].rsplit("/", 1)[-1].removesuffix(".json")
         client_att = f"{100 * r['client_attainment']:6.1f}" if client else f"{'':>6}"
-        print(f"{name:<12} {r['setting']:<22} {100 * r['slo_attainment']:6.1f} {client_att} "
+        print(f"{name:<18} {r['setting']:<26} {100 * r['slo_attainment']:6.1f} {client_att} "
               f"{r['p50_s']:6.2f} {r['p95_s']:6.2f} {r['p99_s']:6.2f} {r['max_s']:6.2f} "
               f"{r['p95_s'] / fifo['p95_s']:6.2f} {r['p99_s'] / fifo['p99_s']:6.2f} "
               f"{r['max_s'] / fifo['max_s']:6.2f}")
