@@ -26,6 +26,13 @@ same demo (its seed + 1 .. + N) on the same profile.
 ``--late-share S`` (repeatable) repeats every slo row of the demos (the runs that decode tile
 by tile) with ``decode_lane.TiledDecodes(late_share=S)`` in place of the default (0.1; 0: the
 rule before, where a late decode waits for an idle device), labelled ``... ls=S``.
+
+``--bound`` prints, per trace, what no schedule can beat: the attainment bound
+(``bound.min_misses``), the bound with the tail target (every flow ≤ fifo's maximum and at
+most ``allowed_above(N, 99)`` above fifo's P99, both from a noiseless fifo run:
+``tail_bound.min_misses_tail``) charged with the profile's best packing and with batch-1
+times (``work="standalone"``: it binds every schedule that does not pack), and the
+clairvoyant batch-1 reference (``bound.clairvoyant_misses``).
 """
 
 from __future__ import annotations
@@ -39,11 +46,13 @@ import logging
 
 from ditmem.scheduler import CostModel, decode_lane
 from ditmem.scheduler import simulator as simulator_module
-from ditmem.scheduler.metrics import summarize
+from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+from ditmem.scheduler.metrics import percentile, summarize
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise
 from ditmem.scheduler.policies import make_policy
 from ditmem.scheduler.request import Request
 from ditmem.scheduler.simulator import simulate
+from ditmem.scheduler.tail_bound import allowed_above, min_misses_tail
 from ditmem.scheduler.workloads import with_load, workload
 
 DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
@@ -100,8 +109,31 @@ def demo_trace(run: dict, cost: CostModel) -> list[Request]:
     return with_load(reqs, cost, run["load"], seed=run["seed"], arrival=run["arrival"])
 
 
+def bounds(name: str, reqs: list[Request], cost: CostModel) -> dict:
+    """The trace's bounds (module docstring, ``--bound``), printed and returned (%)."""
+    fifo = simulate([dataclasses.replace(r) for r in reqs], make_policy("fifo", cost.fresh()))
+    lat = [rec.latency for rec in fifo.records]
+    top, p99, n = max(lat), percentile(lat, 99), len(reqs)
+    k = allowed_above(n, 99.0)
+    out = {
+        "trace": name, "fifo_p99_s": p99, "fifo_max_s": top,
+        "bound": 1 - min_misses(reqs, cost) / n,
+        "bound_tail_packing": 1 - min_misses_tail([reqs], cost, top, p99, k) / n,
+        "bound_tail_batch1": 1 - min_misses_tail([reqs], cost, top, p99, k,
+                                                 work="standalone") / n,
+        "clairvoyant": 1 - clairvoyant_misses(reqs, cost) / n,
+        "standalone_work_s": sum(cost.standalone_time(r) for r in reqs),
+    }
+    print(f"{name}: bound {100 * out['bound']:.1f} %; with P99 <= {p99:.2f} s and max <= "
+          f"{top:.2f} s (fifo's, noiseless): {100 * out['bound_tail_packing']:.1f} % with "
+          f"packing, {100 * out['bound_tail_batch1']:.1f} % batch-1; clairvoyant batch-1 "
+          f"{100 * out['clairvoyant']:.1f} %; batch-1 work {out['standalone_work_s']:.1f} s "
+          f"(each row's device busy time: busy_s in --json)")
+    return out
+
+
 def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
-                shares: tuple[float, ...] = ()) -> list[dict]:
+                shares: tuple[float, ...] = (), bound: list | None = None) -> list[dict]:
     """Every setting on the trace of the demo run in ``path`` (module docstring); with
     ``seed_offset`` k > 0, a fresh trace of the same demo (its seed + k)."""
     with open(path) as fh:
@@ -115,6 +147,8 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
             f"max {r['max_s']:.2f} (its sim {100 * r['sim_slo_attainment']:.1f} % "
             f"P95 {r['sim_p95_s']:.2f})" for p, r in runs.items()))
     trace = path if seed_offset == 0 else f"{path.removesuffix('.json')}+{seed_offset}.json"
+    if bound is not None:
+        bound.append(bounds(trace.rsplit("/", 1)[-1].removesuffix(".json"), reqs, cost))
     runs_of = [(label, policy, options, None) for label, policy, options in settings]
     runs_of += [(f"{label} ls={share:g}", policy, options, share) for share in shares
                 for label, policy, options in settings if policy == "slo"]
@@ -126,7 +160,8 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
             result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
                               noise=TimingNoise(sigma=sigma, seed=0))
         out = summarize(result.records)
-        out.update(trace=trace, setting=label, options=options, late_share=share)
+        out.update(trace=trace, setting=label, options=options, late_share=share,
+                   busy_s=result.busy_s)
         rows.append(out)
     return rows
 
@@ -136,6 +171,7 @@ def run(reqs: list[Request], cost: CostModel, policy: str, options: dict, seed: 
     pol = make_policy(policy, cost.fresh(), **options)
     result = simulate(reqs, pol, noise=TimingNoise(sigma=sigma, seed=seed))
     out = summarize(result.records)
+    out["busy_s"] = result.busy_s
     if client_slo is not None:
         met = [rec.latency <= client_slo[rec.request.id] for rec in result.records]
         out["client_attainment"] = sum(met) / len(met)
@@ -157,6 +193,8 @@ def main() -> None:
                     help="fresh traces of each --demo (its seed + 1..N) on its profile")
     ap.add_argument("--late-share", type=float, action="append", default=[],
                     help="repeat the demos' slo rows with TiledDecodes(late_share=S) (repeatable)")
+    ap.add_argument("--bound", action="store_true",
+                    help="print each trace's bounds (with the tail target; module docstring)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -170,22 +208,26 @@ def main() -> None:
         traces.append((f"seed {seed}", with_load(base, cost, args.load, seed=seed), None))
     settings = SETTINGS + [parse_setting(s) for s in args.setting]
     rows: list[dict] = []
+    found_bounds: list | None = [] if args.bound else None
     print(f"{len(base)} requests ({args.bench}), profile {cost.name!r}, noise {args.noise:g}")
     print(f"{'trace':<18} {'policy':<26} {'att %':>6} {'client':>6} {'P50':>6} {'P95':>6} "
           f"{'P99':>6} {'max':>6} {'P95/f':>6} {'P99/f':>6} {'max/f':>6}")
     for name, reqs, slo in traces:
+        if found_bounds is not None:
+            found_bounds.append(bounds(name, reqs, cost))
         found = [run(reqs, cost, policy, options, 0, args.noise, slo) | dict(
             trace=name, setting=label, options=options) for label, policy, options in settings]
         show(found, slo is not None)
         rows += found
     for path in args.demo:
         for k in range(args.demo_seeds + 1):
-            found = replay_demo(path, settings, args.noise, k, tuple(args.late_share))
+            found = replay_demo(path, settings, args.noise, k, tuple(args.late_share),
+                                found_bounds)
             show(found, False)
             rows += found
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"bench": args.bench, "rows": rows}, fh, indent=2)
+            json.dump({"bench": args.bench, "rows": rows, "bounds": found_bounds}, fh, indent=2)
         print(f"json: {args.json}")
 
 
