@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from node_factories import by_id, node_cost
-from sched_factories import req
+from sched_factories import PAGE, req
 
 from ditmem.scheduler.node.plan import Assignment, NodePlan
 from ditmem.scheduler.node.policies.base import NodePolicy
@@ -133,3 +133,30 @@ def test_a_member_that_does_not_decode_is_paused_at_the_steps_end():
     # a resumes on device 0 once b's decode ends: 1 s step + 2 s decode
     assert out["b"].finished == pytest.approx(step + 8.0)
     assert out["a"].finished == pytest.approx(step + 8.0 + 1.0 + 2.0)
+
+
+def test_a_decode_whose_device_lacks_room_to_gather_stays_on_its_group(caplog):
+    """Devices of 3 pages, a request of 4 (2 per device at degree 2): after its degree-2
+    last step its decode device cannot hold it whole. The loop says so (a warning naming
+    it), keeps its pages on the group (nothing over-committed: no device below 0 free), and
+    it still finishes at step + decode (2 + 8 s); every page is free at the end."""
+    nc = node_cost(decode_s_per_mp=DECODE, device_bytes=3 * PAGE, state_bytes=4 * PAGE)
+    big = req("big", 0.0, size=1024, steps=1)
+    nc.cost.assign_deadline(big, 3.0)
+    node = Node(2, nc.links)
+    seen = []
+
+    class Watch(Script):
+        def schedule(self, view):
+            seen.append(list(view.free_pages))
+            return super().schedule(view)
+
+    with caplog.at_level("WARNING", logger="ditmem.scheduler.node.simulator"):
+        result = simulate_node([big, req("late", 20.0, size=512, steps=1, cost=nc.cost)],
+                               Watch(nc, node, {"big": (2, 0), "late": (2, 0)}), node,
+                               noise=TimingNoise(0.0))
+    assert "decode of big: device 0 lacks 1 pages" in caplog.text
+    out = by_id(result)
+    assert out["big"].finished == pytest.approx(10.0)
+    assert all(p >= 0 for pages in seen for p in pages)
+    assert seen[-1] == [3, 3]  # at the late arrival (20 s): big's pages all back
