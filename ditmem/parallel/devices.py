@@ -15,7 +15,9 @@ same loop that drives the simulator's virtual devices replays a trace in real ti
 
 A job that fails (a lost device, a pool without room) still completes, so the loop never
 waits forever; its error is recorded in :attr:`EngineDevices.errors`, its requests in
-:attr:`EngineDevices.failed` (and handed to ``on_failed``), and their pages are released.
+:attr:`EngineDevices.failed` (and handed to ``on_failed``), and their pages are released;
+once its steps are over only the requests still to decode fail, and a request whose
+gather onto its decode device fails fails alone.
 Members that already failed (their device was lost while they were paused) are left out
 of a job, so they cannot fail the others. :meth:`EngineDevices.notify` makes ``wait``
 return early (a live arrival, a cancel): the loop then reads the time from its intake.
@@ -46,10 +48,14 @@ log = logging.getLogger(__name__)
 
 
 def _spread(items: list, devices: tuple[int, ...], fn: Callable) -> None:
-    """``fn(item, device)`` for every item, round-robin over ``devices`` (for a job's
-    decodes: the devices ``decode_lanes`` gives them), one thread per device (items on one
-    device run in order)."""
-    lanes = {d: items[i::len(devices)] for i, d in enumerate(devices)}
+    """``fn(item, device)`` for every item, round-robin over ``devices``, one thread per
+    device (items on one device run in order)."""
+    _in_lanes({d: items[i::len(devices)] for i, d in enumerate(devices)}, fn)
+
+
+def _in_lanes(lanes: dict[int, list], fn: Callable) -> None:
+    """``fn(item, device)`` for each device's items, one thread per device (its items in
+    order); the first error is raised once every thread has ended."""
     errors: list[BaseException] = []
 
     def lane(d: int) -> None:
@@ -59,7 +65,7 @@ def _spread(items: list, devices: tuple[int, ...], fn: Callable) -> None:
         except BaseException as exc:  # re-raised below, in the job's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=lane, args=(d,)) for d in devices if lanes[d]]
+    threads = [threading.Thread(target=lane, args=(d,)) for d in lanes if lanes[d]]
     for t in threads:
         t.start()
     for t in threads:
@@ -173,6 +179,9 @@ class EngineDevices:
                 self.on_failed(rid, exc)
 
     def _execute(self, job: Job, started: float, t: Timings, owned: list[str]) -> None:
+        # each decode's device as the loop assigned it (its lanes of the job it launched)
+        lanes = dict(zip([r.id for r in job.decodes],
+                         decode_lanes(job.group, len(job.decodes)), strict=True))
         gone = {r.id: self.node.failed[r.id] for r in (*job.batch, *job.encodes)
                 if r.id in self.node.failed}
         if gone:  # lost with a device while paused: leave them out, the rest run
@@ -185,17 +194,18 @@ class EngineDevices:
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone])
-        stages = _GroupJob(self, job, t, started, owned)
+        stages = _GroupJob(self, job, t, started, owned, lanes)
         run_job(job, stages)
 
 
 class _GroupJob(JobStages):
     """One job on the node engine's group (``run_job`` calls its stages in the loop's
     order); ``timings`` is the job's, filled as each stage ends; ``owned``: the ids a
-    failure of the job fails (kept up to date as the job hands requests back)."""
+    failure of the job fails (kept up to date as the job hands requests back); ``lanes``:
+    each decode's device (the loop's ``decode_lanes`` of the job it launched)."""
 
     def __init__(self, devices: EngineDevices, job: Job, timings: Timings, started: float,
-                 owned: list[str]) -> None:
+                 owned: list[str], lanes: dict[str, int]) -> None:
         super().__init__(job)
         self.devices = devices
         self.node = devices.node
@@ -204,6 +214,7 @@ class _GroupJob(JobStages):
         self.timings = timings
         self.started = started
         self.owned = owned
+        self.lanes = lanes
 
     def _hand_back(self, released: tuple[int, ...], decoded: tuple[str, ...] = (), *,
                    stepped: bool = False) -> None:
@@ -274,20 +285,33 @@ class _GroupJob(JobStages):
             self.devices.on_event(kind, list(rids), seconds)
 
     def decode(self, rids: list[str]) -> None:
-        """Each decode on its ``decode_lanes`` device: first every decoding request is
-        gathered onto its device (a re-shard reads from all the group's devices, so it
-        runs while they are all still this job's); then the devices without a decode go
-        back to the loop, and each request is handed back as its decode ends, its device
-        with the last decode on it."""
+        """Each decode on its ``lanes`` device: first every decoding request is gathered
+        onto its device (a re-shard reads from all the group's devices, so it runs while
+        they are all still this job's; a request whose gather fails fails alone, handed
+        back done with the steps' end); then the devices without a decode go back to the
+        loop, and each request is handed back as its decode ends, its device with the last
+        decode on it."""
         owner, node, mark = self.devices, self.node, self.clock()
         decodes = list(self.job.decodes)
-        lanes = decode_lanes(self.job.group, len(decodes))
         with owner._lock:  # the steps are over: a failure from here fails only the decodes
             self.owned[:] = [r.id for r in decodes]
-        for request, device in zip(decodes, lanes, strict=True):
-            node.move(request.id, (device,))
-        self._hand_back(tuple(d for d in self.group if d not in lanes), stepped=True)
-        left = {d: lanes.count(d) for d in lanes}
+        lanes: dict[int, list] = {}
+        dropped = []
+        for request in decodes:
+            device = self.lanes[request.id]
+            try:
+                node.move(request.id, (device,))
+            except Exception as exc:  # that request fails (pages released); others decode
+                msg = (f"job {self.job.job_id}: gather of {request.id} onto device {device}: "
+                       f"{type(exc).__name__}: {exc}")
+                log.error(msg)
+                owner._fail([request.id], exc, msg)
+                dropped.append(request.id)
+                continue
+            lanes.setdefault(device, []).append(request)
+        self._hand_back(tuple(d for d in self.group if d not in lanes), tuple(dropped),
+                        stepped=True)
+        left = {d: len(rs) for d, rs in lanes.items()}
 
         def decode(request, device: int) -> None:
             begin = self.clock()
@@ -302,5 +326,5 @@ class _GroupJob(JobStages):
             left[device] -= 1  # only this device's lane touches its count
             self._hand_back((device,) if not left[device] else (), (request.id,))
 
-        _spread(decodes, self.group, decode)
+        _in_lanes(lanes, decode)
         self.timings.decode_s = self.clock() - mark
