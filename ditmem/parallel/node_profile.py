@@ -57,11 +57,14 @@ _PREFIX = "profile-on-workers"
 
 
 def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
-                       repeats: int = 3, tile: tuple[int, int] | None = None) -> dict:
+                       repeats: int = 3, tile: tuple[int, int] | None = None,
+                       at_once: bool = True) -> dict:
     """Measure the single-device numbers the replays use on the node's own workers, through
     the engine's commands as a replay times them (engine-side wall time: the worker's work
     and the control path), and write them into ``profile["models"][key]``: the step table
-    (each point measured on every device in turn, median), ``encode_s``, and with ``tile``
+    (each point measured on every device — ``at_once``: all devices at the same time, each
+    on its own thread, as a replay keeps them all busy; else in turn — median over
+    devices), ``encode_s``, and with ``tile``
     (tile, stride px) ``decode_tile_s`` and ``decode_s_per_megapixel`` (one ``tile``² image:
     its decode is one tile). The engine process's own measurement of these (another
     process, unpinned, without the control path) is replaced; what it alone knows (state
@@ -112,7 +115,12 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
         return dt
 
     def median_over_devices(fn) -> float:
-        return statistics.median(fn(d) for d in devices)
+        if not at_once:
+            return statistics.median(fn(d) for d in devices)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(devices)) as pool:
+            return statistics.median(pool.map(fn, devices))
 
     before = {"steps": {(p["tokens"], p["batch"]): p["seconds"] for p in points},
               "encode_s": section["encode_s"]["value"],
@@ -136,7 +144,8 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
                                "seconds": median_over_devices(step_on)})
     src_when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     how = (f"measured on the node's workers through the engine's commands "
-           f"({node.num_devices} devices, median over devices), {src_when}; "
+           f"({node.num_devices} devices{', all at once' if at_once else ''}, median over "
+           f"devices), {src_when}; "
            + stability_note(checks))
     section["step"]["points"] = {"value": new_points, "source": how}
     enc = statistics.median(encodes)

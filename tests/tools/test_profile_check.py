@@ -129,7 +129,20 @@ def test_the_observing_policy_sees_every_report_and_passes_it_on():
 
 
 class FakeClock:
-    t = 0.0
+    """One fake clock per thread (the measurement may time each device on its own)."""
+
+    def __init__(self):
+        import threading
+
+        self.local = threading.local()
+
+    @property
+    def t(self):
+        return getattr(self.local, "t", 0.0)
+
+    @t.setter
+    def t(self, value):
+        self.local.t = value
 
     def __call__(self):
         return self.t
@@ -142,15 +155,20 @@ class FakeNode:
     num_devices = 2
 
     def __init__(self, clock):
+        import threading
+
         self.clock, self.seen, self.held = clock, set(), {}
+        self.lock = threading.Lock()
 
     def _cost(self, kind, device, seconds):
-        cold = (kind, device) not in self.seen
-        self.seen.add((kind, device))
+        with self.lock:
+            cold = (kind, device) not in self.seen
+            self.seen.add((kind, device))
         self.clock.t += seconds * (1.0 if device == 0 else 1.5) * (10 if cold else 1)
 
     def encode(self, request, device):
-        self.held[request.request_id] = (device, request.width)
+        with self.lock:
+            self.held[request.request_id] = (device, request.width)
         self._cost("encode", device, 0.001)
         return True
 
@@ -164,10 +182,13 @@ class FakeNode:
         self._cost("decode", self.held[rid][0], 0.05)
 
     def release(self, rid):
-        del self.held[rid]
+        with self.lock:
+            del self.held[rid]
 
 
-def test_the_node_demo_measures_steps_encodes_and_decodes_again_on_the_workers(monkeypatch):
+@pytest.mark.parametrize("at_once", [False, True])
+def test_the_node_demo_measures_steps_encodes_and_decodes_again_on_the_workers(monkeypatch,
+                                                                               at_once):
     from ditmem.parallel.node_profile import measure_on_workers
     from ditmem.tools.node_demo import describe_remeasure
 
@@ -182,7 +203,8 @@ def test_the_node_demo_measures_steps_encodes_and_decodes_again_on_the_workers(m
                             max_batch=4, weights_bytes=10, link=1e9)
     node = FakeNode(clock)
     out = measure_on_workers(node, profile, "qwen-image", [64, 128], lambda m: None,
-                             tokens_for=lambda s: (s // 16) ** 2, tile=(64, 48))
+                             tokens_for=lambda s: (s // 16) ** 2, tile=(64, 48),
+                             at_once=at_once)
     sec = profile["models"]["qwen-image"]
     pts = {(p["tokens"], p["batch"]): p["seconds"] for p in sec["step"]["points"]["value"]}
     # median over the two devices (x1 and x1.5) = x1.25; the cold first calls discarded
