@@ -25,13 +25,13 @@ def _finish(y_slo_s: float, **options) -> tuple[float, float]:
     return out["x"].finished, out["y"].finished
 
 
-def test_default_runs_the_rest_by_arrival():
+def test_by_arrival_keeps_the_older_request_on_the_device():
     """At t = 4 (X's first step ends) Y has 41 − 4 − 4 = 33 s of slack, more than 0.35 of
-    its 40-s window (14 s): not urgent. By arrival X keeps the device: X ends at 16, Y at
-    20 (due 41: met). The old order (``order_slack=1``, by deadline) runs Y first: Y 4-8,
-    X 8-20."""
-    assert _finish(40.0) == pytest.approx((16.0, 20.0))
-    assert _finish(40.0, order_slack=1.0) == pytest.approx((20.0, 8.0))
+    its 40-s window (14 s): not urgent. By arrival (``order_slack=0``) X keeps the device:
+    X ends at 16, Y at 20 (due 41: met). By deadline (the default, ``order_slack=1``) Y
+    goes first: Y 4-8, X 8-20."""
+    assert _finish(40.0, order_slack=0.0) == pytest.approx((16.0, 20.0))
+    assert _finish(40.0) == pytest.approx((20.0, 8.0))
 
 
 def test_halfway_order_weighs_the_window():
@@ -44,6 +44,7 @@ def test_halfway_order_weighs_the_window():
 def test_urgent_request_still_goes_first():
     """Y with a 10-s SLO (due 11): at t = 4 its slack is 11 − 4 − 4 = 3 s < 0.35 × 10, so it
     is urgent and is placed first whatever the order: Y 4-8 (met), X 8-20."""
+    assert _finish(10.0, order_slack=0.0) == pytest.approx((20.0, 8.0))
     assert _finish(10.0) == pytest.approx((20.0, 8.0))
 
 
