@@ -131,17 +131,26 @@ def _best_misses_joint(trace, work, max_flow, tail_flow, exempt):
     return None
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 10), st.integers(1, 5), st.sampled_from((1.2, 2.0, 3.0))),
-                min_size=1, max_size=6),
-       st.floats(3.0, 14.0), st.floats(1.0, 2.5), st.integers(0, 2))
-def test_the_joint_bound_is_never_above_the_brute_force_optimum(jobs, tail_flow, stretch, exempt):
-    cost = table_cost()  # no batching: a request's least work is its standalone time
+# (arrival s, steps, scale) of up to 6 requests, for the brute-force property tests
+_JOBS = st.lists(st.tuples(st.floats(0, 10), st.integers(1, 5), st.sampled_from((1.2, 2.0, 3.0))),
+                 min_size=1, max_size=6)
+
+
+def _joint_case(cost, jobs, tail_flow, stretch, exempt):
+    """The trace of ``jobs``, its maximum flow (``tail_flow × stretch``) and the batch-1
+    brute-force optimum of the joint constraint (None: infeasible)."""
     trace = [req(f"r{i}", a, steps=s, scale=scale, cost=cost)
              for i, (a, s, scale) in enumerate(sorted(jobs))]
     work = [cost.standalone_time(r) for r in trace]
     max_flow = tail_flow * stretch
-    best = _best_misses_joint(trace, work, max_flow, tail_flow, exempt)
+    return trace, max_flow, _best_misses_joint(trace, work, max_flow, tail_flow, exempt)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_JOBS, st.floats(3.0, 14.0), st.floats(1.0, 2.5), st.integers(0, 2))
+def test_the_joint_bound_is_never_above_the_brute_force_optimum(jobs, tail_flow, stretch, exempt):
+    cost = table_cost()  # no batching: a request's least work is its standalone time
+    trace, max_flow, best = _joint_case(cost, jobs, tail_flow, stretch, exempt)
     try:
         bound = min_misses_tail([trace], cost, max_flow, tail_flow, exempt)
     except ValueError as exc:
@@ -265,16 +274,10 @@ def test_the_batch1_bound_by_hand_where_packing_would_allow_everything():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 10), st.integers(1, 5), st.sampled_from((1.2, 2.0, 3.0))),
-                min_size=1, max_size=6),
-       st.floats(3.0, 14.0), st.floats(1.0, 2.5), st.integers(0, 2))
+@given(_JOBS, st.floats(3.0, 14.0), st.floats(1.0, 2.5), st.integers(0, 2))
 def test_the_batch1_bound_is_never_above_the_batch1_brute_force(jobs, tail_flow, stretch, exempt):
     cost = table_cost(batch_points=[{"tokens": 1024, "batch": 4, "seconds": 2.0}])
-    trace = [req(f"r{i}", a, steps=s, scale=scale, cost=cost)
-             for i, (a, s, scale) in enumerate(sorted(jobs))]
-    work = [cost.standalone_time(r) for r in trace]
-    max_flow = tail_flow * stretch
-    best = _best_misses_joint(trace, work, max_flow, tail_flow, exempt)
+    trace, max_flow, best = _joint_case(cost, jobs, tail_flow, stretch, exempt)
     try:
         bound = min_misses_tail([trace], cost, max_flow, tail_flow, exempt, work="standalone")
     except ValueError as exc:
