@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="inline",
         help="VAE decode: whole on the step loop after the last step (inline, default), on "
         "a worker beside it sharing the device (concurrent), or one spatial tile at a time "
-        "between steps when it is due first, a late one with a 0.1 share of the loop "
+        "between steps when it is due first, a late one with about a 0.1 share of the loop "
         "(tiled; needs the profile's decode_tile_* numbers)",
     )
     parser.add_argument(

@@ -105,9 +105,13 @@ class TiledDecodes:
     that can still meet its deadline, if it is due before every member of the batch (a
     decode that will miss anyway does not hold back requests that can still make it);
     otherwise, while some decode will miss its deadline, the earliest-deadline such *late*
-    decode runs its next tile as soon as its tiles have had ``late_share`` of the loop's
-    time since a late decode was last pending (a credit that grows by
-    ``elapsed · late_share / (1 − late_share)`` between picks, capped at that next tile).
+    decode runs its next tile once a credit covers it: the credit grows by
+    ``elapsed · late_share / (1 − late_share)`` between picks while a late decode is
+    pending (capped at that next tile) and is spent when the tile runs. Its first tile thus
+    runs once the other work has left it ``late_share`` of the loop; the credit also grows
+    while the late tiles themselves run, so under steady load late tiles take up to
+    ``late_share / (1 − late_share)`` of the loop (0.11 at the default 0.1), not exactly
+    ``late_share``.
 
     **The bound** (``late_share`` = s > 0). While the earliest-deadline late decode has a
     tile of ``u`` s left, the loop runs at most ``u · (1 − s) / s`` s of other work plus the

@@ -435,7 +435,7 @@ class NodeSloPolicy(NodePolicy):
 
     def _job_s(self, c: _Cand, degree: int) -> float:
         """Predicted seconds of ``c``'s next job alone at ``degree``: one step, and its
-        decode (which holds the group's first device) when that step is its last."""
+        decode (on one device of the group, its decode lane) when that step is its last."""
         return c.step(self.node.degrees.index(degree)) + (c.dec if c.steps_left == 1 else 0.0)
 
     def _holds_back(self, placer: Placer, c: _Cand, g: Group) -> bool:
