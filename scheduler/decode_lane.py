@@ -89,6 +89,10 @@ class DecodeLane:
         return now, []
 
 
+#: ``TiledDecodes``' default share of the loop for a late decode (its docstring)
+LATE_SHARE = 0.1
+
+
 @dataclass(order=True, slots=True)
 class _Tiled:
     deadline: float
@@ -122,7 +126,7 @@ class TiledDecodes:
     decode runs only when no step is planned (the rule before; no bound under load).
     """
 
-    def __init__(self, late_share: float = 0.1) -> None:
+    def __init__(self, late_share: float = LATE_SHARE) -> None:
         if not 0.0 <= late_share < 1.0:
             raise ValueError(f"late_share must be in [0, 1), got {late_share!r}")
         self.late_share = late_share

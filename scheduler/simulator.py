@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
-from .decode_lane import DECODE_MODES, DecodeLane, TiledDecodes
+from .decode_lane import DECODE_MODES, LATE_SHARE, DecodeLane, TiledDecodes
 from .loop import mid_step, preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
@@ -251,6 +251,7 @@ def simulate(
     preemption: str = "step",
     decode: str = "inline",
     decode_share: float = 0.5,
+    late_share: float = LATE_SHARE,
     noise: TimingNoise | None = None,
 ) -> SimResult:
     """Replay ``requests`` (any order; arrival times absolute) under ``policy``.
@@ -268,7 +269,9 @@ def simulate(
     boundary after which a request has arrived the policy decides again and may park the
     part-done step; with no arrival the step continues (the engine only checks its intake).
     ``decode="tiled"`` runs decodes tile by tile on the loop, a tile instead of the plan
-    whenever the earliest pending decode is due before every member of the planned batch.
+    whenever the earliest pending decode is due before every member of the planned batch,
+    and a late decode's tile once it has earned about ``late_share`` of the loop
+    (``decode_lane.TiledDecodes``; 0: only when no step is planned).
     ``decode="concurrent"`` models a decode worker beside the step loop on the same device
     (:mod:`ditmem.scheduler.decode_lane`) that gets ``decode_share`` of the device while
     both have work; a request holds its pages until its decode ends.
@@ -294,7 +297,7 @@ def simulate(
     total, chunks, overhead_total = len(pending), 0, 0.0
     block = preemption == "block"
     lane = DecodeLane(decode_share) if decode == "concurrent" else None
-    tiles = TiledDecodes() if decode == "tiled" else None
+    tiles = TiledDecodes(late_share) if decode == "tiled" else None
     decoding: dict[str, RequestStatus] = {}
 
     def record(s: RequestStatus, at: float) -> None:

@@ -24,8 +24,8 @@ profile's), beside what the run measured; ``--demo-seeds N`` adds N fresh traces
 same demo (its seed + 1 .. + N) on the same profile.
 
 ``--late-share S`` (repeatable) repeats every slo row of the demos (the runs that decode tile
-by tile) with ``decode_lane.TiledDecodes(late_share=S)`` in place of the default (0.1; 0: the
-rule before, where a late decode waits for an idle device), labelled ``... ls=S``.
+by tile) with ``simulate(late_share=S)`` in place of the default (``decode_lane.LATE_SHARE``,
+0.1; 0: the rule before, where a late decode waits for an idle device), labelled ``... ls=S``.
 
 ``--bound`` prints, per trace, what no schedule can beat: the attainment bound
 (``bound.min_misses``), the bound with the tail target (every flow ≤ fifo's maximum and at
@@ -38,15 +38,13 @@ clairvoyant batch-1 reference (``bound.clairvoyant_misses``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import functools
 import json
 import logging
 
-from ditmem.scheduler import CostModel, decode_lane
-from ditmem.scheduler import simulator as simulator_module
+from ditmem.scheduler import CostModel
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+from ditmem.scheduler.decode_lane import LATE_SHARE
 from ditmem.scheduler.metrics import percentile, summarize
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise
 from ditmem.scheduler.policies import make_policy
@@ -57,22 +55,6 @@ from ditmem.scheduler.workloads import with_load, workload
 
 DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
 SETTINGS = [("fifo", "fifo", {}), ("slo", "slo", {}), ("slo fifo-first", "slo", {"order": "fifo"})]
-
-
-@contextlib.contextmanager
-def late_share(share: float | None):
-    """Simulate with ``TiledDecodes(late_share=share)`` inside the block (None: the default).
-    The simulator builds its ``TiledDecodes`` itself, so the class it uses is swapped for
-    the duration of the block, in this process only."""
-    if share is None:
-        yield
-        return
-    saved = simulator_module.TiledDecodes
-    simulator_module.TiledDecodes = functools.partial(decode_lane.TiledDecodes, late_share=share)
-    try:
-        yield
-    finally:
-        simulator_module.TiledDecodes = saved
 
 
 def bench_trace(bench: dict) -> tuple[list[Request], dict[str, float]]:
@@ -156,9 +138,9 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
     for label, policy, options, share in runs_of:
         decode = first["decode"].get(policy, "inline")
         pol = make_policy(policy, cost.fresh(), **options)
-        with late_share(share):
-            result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
-                              noise=TimingNoise(sigma=sigma, seed=0))
+        result = simulate([dataclasses.replace(r) for r in reqs], pol, decode=decode,
+                          late_share=LATE_SHARE if share is None else share,
+                          noise=TimingNoise(sigma=sigma, seed=0))
         out = summarize(result.records)
         out.update(trace=trace, setting=label, options=options, late_share=share,
                    busy_s=result.busy_s)
@@ -192,7 +174,7 @@ def main() -> None:
     ap.add_argument("--demo-seeds", type=int, default=0,
                     help="fresh traces of each --demo (its seed + 1..N) on its profile")
     ap.add_argument("--late-share", type=float, action="append", default=[],
-                    help="repeat the demos' slo rows with TiledDecodes(late_share=S) (repeatable)")
+                    help="repeat the demos' slo rows with simulate(late_share=S) (repeatable)")
     ap.add_argument("--bound", action="store_true",
                     help="print each trace's bounds (with the tail target; module docstring)")
     ap.add_argument("--json", help="write the rows here")

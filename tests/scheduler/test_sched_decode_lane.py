@@ -160,17 +160,13 @@ def test_late_decode_gets_its_share_between_steps_by_hand():
         TiledDecodes(late_share=1.0)
 
 
-def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work(monkeypatch):
+def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work():
     """The issue's adversarial case for decodes: a 512² request (4 steps of 1 s, then 4
     decode tiles of 0.5 s) that is already late when its steps end, against a stream of
     256² one-step requests arriving as fast as the loop serves them (so the loop never
     idles until 60 s). Before, its decode waited for the stream to end; now it finishes
     within S / share + n · T of its last step (S = 2 s of tiles, n = 4, T the longest other
     piece of work: one small step or decode)."""
-    import functools
-
-    from ditmem.scheduler import decode_lane, simulator
-
     cost = _tiled_cost()
     big = req("big", 0.0, steps=4, slo_ms=3_000, cost=cost)
     probe = req("p", 0.0, size=256, steps=1, cost=cost)
@@ -179,10 +175,12 @@ def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work(monkeypatch):
     stream = [req(f"s{i}", 4.0 + i * small_s, size=256, steps=1, slo_ms=100_000, cost=cost)
               for i in range(int(56 / small_s))]
     finish = {}
-    for share in (0.1, 0.0):
-        monkeypatch.setattr(simulator, "TiledDecodes",
-                            functools.partial(decode_lane.TiledDecodes, late_share=share))
-        result = simulate([big, *stream], make_policy("fifo", cost), decode="tiled")
+    for share in (None, 0.1, 0.0):  # None: simulate's default (0.1)
+        options = {} if share is None else {"late_share": share}
+        result = simulate([big, *stream], make_policy("fifo", cost), decode="tiled", **options)
         finish[share] = next(r.finished for r in result.records if r.request.id == "big")
     assert finish[0.1] <= 4.0 + 2.0 / 0.1 + 4 * t_max + 1e-9
+    assert finish[None] == finish[0.1]
     assert finish[0.0] >= stream[-1].arrival  # the rule before: only once the stream is done
+    with pytest.raises(ValueError, match="late_share"):
+        simulate([big], make_policy("fifo", cost), decode="tiled", late_share=1.0)
