@@ -410,12 +410,15 @@ def _fit_pools(cost, node, model: str) -> None:
 
 class _Listened:
     """The service's devices for the loop: ``EngineDevices`` plus step listeners fed from
-    each completed job (seconds per packed step, batch size)."""
+    each job's steps (seconds per packed step, batch size), once per job: at its first
+    event once its steps are over (``stepped``, or its ``last`` event; a job hands its
+    devices and decodes back in several events, all carrying the job's ``Timings``)."""
 
     def __init__(self, service: NodeService) -> None:
         self.service = service
         self.inner = service.devices
         self.link_busy_s = 0.0
+        self._stepped: set[int] = set()  # jobs whose steps were reported, until their end
 
     def launch(self, job, now: float) -> None:
         self.inner.launch(job, now)
@@ -423,7 +426,15 @@ class _Listened:
     def wait(self, until):
         done = self.inner.wait(until)
         for c in done:
-            if c.job.steps and c.job.batch:
+            if not (c.stepped or c.last):
+                continue
+            jid = c.job.job_id
+            first = jid not in self._stepped
+            if c.last:
+                self._stepped.discard(jid)
+            elif first:
+                self._stepped.add(jid)
+            if first and c.job.steps and c.job.batch:
                 per_step = c.timings.step_s / c.job.steps
                 for listener in self.service._listeners:
                     for _ in range(c.job.steps):

@@ -123,7 +123,11 @@ def check_against_profile(rows: list[dict], profile: dict, key: str, log) -> lis
 class TrackedDevices:
     """``NodeDevices`` that pass through to ``devices`` (an ``EngineDevices``) and keep, for
     every completed job, each stage's measured seconds beside what the profile's cost
-    model (``truth``, a ``NodeCost``: what the simulator replays) predicts for it."""
+    model (``truth``, a ``NodeCost``: what the simulator replays) predicts for it.
+
+    A job is recorded once, at its last event: the partial events before it (devices and
+    decodes handed back as their work ends) carry the same ``Timings`` while the job is
+    still filling them in (its ``decode_s`` is written after the last decode)."""
 
     def __init__(self, devices, truth) -> None:
         from ditmem.tools.profile_check import ProfileCheck
@@ -138,7 +142,8 @@ class TrackedDevices:
     def wait(self, until):
         done = self.devices.wait(until)
         for c in done:
-            self.record(c.job, c.timings)
+            if c.last:
+                self.record(c.job, c.timings)
         return done
 
     def _add(self, stage: str, measured: float, predicted: float) -> None:
