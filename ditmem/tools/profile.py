@@ -117,11 +117,17 @@ def stable_median(sample, repeats: int, *, warmup: int = 1, agreement: float = A
     return Stable(statistics.median([x for q in passes for x in q]), medians, False)
 
 
-def timed(fn) -> float:
-    """Wall seconds of one ``fn()`` call (a ``stable_median`` sample)."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def timed(fn, device=None) -> float:
+    """Seconds of one ``fn()`` call (a ``stable_median`` sample): the wall clock on the CPU
+    (``device`` None or a CPU device); on CUDA/NPU, device events around the work on the
+    current stream, since the work is asynchronous and the wall clock would time its launch."""
+    if device is None:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    from ditmem.engine.timing import StageTimer
+
+    return StageTimer(device, time.perf_counter).time(fn)[1]
 
 
 def _fit_line(xs, ys):
@@ -166,19 +172,20 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
                        "agreed": r.agreed})
         return r.seconds
 
+    device = getattr(gen, "device", None)  # the generator's torch device: how to time it
+
     def encode_once(side):
         r = request(side, next(counter), 1000)
-        t0 = time.perf_counter()
-        s = gen.encode(r, pool)
-        dt = time.perf_counter() - t0
-        gen.release(s)
+        out = []
+        dt = timed(lambda: out.append(gen.encode(r, pool)), device)
+        gen.release(out[0])
         return dt
 
     def decode_once(side):
         s = gen.encode(request(side, next(counter), 2), pool)
         while not gen.is_done(s):
             gen.step([s])
-        dt = timed(lambda: gen.decode(s))
+        dt = timed(lambda: gen.decode(s), device)
         gen.release(s)
         return dt
 
@@ -191,7 +198,7 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
         states = [gen.encode(r, pool) for r in reqs]
         for b in batches:
             batch = states[:b]
-            secs = stable(lambda batch=batch: timed(lambda: gen.step(batch)), repeats,
+            secs = stable(lambda batch=batch: timed(lambda: gen.step(batch), device), repeats,
                           f"step {side}x{side} batch {b}")
             steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
                           "seconds": secs})

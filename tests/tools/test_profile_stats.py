@@ -147,3 +147,29 @@ def test_simultaneous_measurements_are_averaged_point_by_point():
     assert average_profiles([a]) == a
     with pytest.raises(ValueError, match="profiles"):
         average_profiles([])
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_sample_on_cuda_times_the_work_not_its_launch():
+    """``torch.cuda._sleep`` returns at once and keeps the GPU busy: the wall clock alone
+    would time the launch (microseconds); the sample must see the sleep."""
+    import torch
+
+    from ditmem.tools.profile import timed
+
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    spin = int(torch.cuda.get_device_properties(device).clock_rate * 1e3 * 0.05)  # ~50 ms
+    assert timed(lambda: torch.cuda._sleep(spin), device) > 0.02
+    torch.cuda.synchronize()
+
+
+def test_a_sample_on_the_cpu_is_its_wall_time():
+    import time
+
+    import torch
+
+    from ditmem.tools.profile import timed
+
+    for device in (None, torch.device("cpu")):
+        assert 0.02 <= timed(lambda: time.sleep(0.03), device) < 1.0
