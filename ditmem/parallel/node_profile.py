@@ -73,7 +73,7 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     ``{"before", "after"}`` (the replaced numbers: ``steps`` {(tokens, batch): s},
     ``encode_s``, ``decode_tile_s``) and ``checks`` (each measurement's passes)."""
     from ditmem.models.common.request import GenerationRequest
-    from ditmem.tools.profile import stability_note, stable_median, timed
+    from ditmem.tools.profile import checked_median, stability_note, timed
 
     section = profile["models"][key]
     points = section["step"]["points"]["value"]
@@ -94,10 +94,7 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
         return r.request_id
 
     def stable(sample, n: int, what: str) -> float:
-        res = stable_median(sample, n, what=what, log=log)
-        checks.append({"what": what, "seconds": res.seconds, "passes": res.passes,
-                       "agreed": res.agreed})
-        return res.seconds
+        return checked_median(checks, sample, n, what, log)
 
     def encode_once(side: int, device: int) -> float:
         t0 = time.perf_counter()

@@ -52,13 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def median_time(fn, repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls of ``fn()``."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median wall seconds of ``repeats`` calls of ``fn()`` (:func:`timed`)."""
+    return statistics.median(timed(fn) for _ in range(repeats))
 
 
 #: two passes of one measurement whose medians differ by more than this (relative to the
@@ -117,6 +112,14 @@ def stable_median(sample, repeats: int, *, warmup: int = 1, agreement: float = A
     return Stable(statistics.median([x for q in passes for x in q]), medians, False)
 
 
+def checked_median(checks: list[dict], sample, repeats: int, what: str, log) -> float:
+    """:func:`stable_median` of ``sample`` (its lines to ``log``), its passes appended to
+    ``checks`` as the dict :func:`stability_note` reads; returns its seconds."""
+    r = stable_median(sample, repeats, what=what, log=log)
+    checks.append({"what": what, "seconds": r.seconds, "passes": r.passes, "agreed": r.agreed})
+    return r.seconds
+
+
 def timed(fn, device=None) -> float:
     """Seconds of one ``fn()`` call (a ``stable_median`` sample): the wall clock on the CPU
     (``device`` None or a CPU device); on CUDA/NPU, device events around the work on the
@@ -167,10 +170,7 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
     checks: list[dict] = []
 
     def stable(sample, n, what):
-        r = stable_median(sample, n, what=what, log=_warn)
-        checks.append({"what": what, "seconds": r.seconds, "passes": r.passes,
-                       "agreed": r.agreed})
-        return r.seconds
+        return checked_median(checks, sample, n, what, _warn)
 
     device = getattr(gen, "device", None)  # the generator's torch device: how to time it
 
