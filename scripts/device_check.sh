@@ -14,7 +14,8 @@ status=0
 if [[ "${1:-}" != "--dry-run" ]]; then
     timeout 300 "$PY" -m pytest -q -x -p no:cacheprovider tests/ops tests/memory \
         tests/models/test_host_reads.py tests/models/common/test_dtype.py \
-        tests/engine/test_engine_overlap.py > "$OUT/pytest.log" 2>&1 || status=1
+        tests/engine/test_engine_overlap.py tests/tools/test_profile_stats.py \
+        > "$OUT/pytest.log" 2>&1 || status=1
     tail -3 "$OUT/pytest.log"
 fi
 timeout 420 "$PY" benchmarks/ops/device_check.py "$@" --json "$OUT/device_check.json" \
