@@ -18,19 +18,47 @@ A request's *work* must be a lower bound on the device time it takes, with any b
   its per-step floor split over a full batch, utilisation with the largest partners of the
   trace), plus encode and decode, which run serially;
 * ``work="flops"``: device physics only — its FLOPs at full utilisation, no per-step floor
-  (valid for any device of that peak rate; looser).
+  (valid for any device of that peak rate; looser);
+* ``work="proportional"`` (``trace_work``, ``min_misses``; not ``min_work``): each packed
+  step's time split among its members in proportion to their batch-1 step times
+  (``packed_step_ratio``) — much tighter where unequal sizes share a step.
+
+**The proportional split.** Let T(C) be the cost model's time for one step of a packed batch
+C (a multiset of token counts, ``CostModel.step_time``) and a(n) = T({n}) > 0 a step alone.
+Charge each member m of a batch C the part T(C) · a(m) / Σ_{c∈C} a(c) of its step: the parts
+add up to T(C) exactly. A member of n tokens is thus charged at least a(n) · ρ(n), with
+ρ(n) = min(1, min_C T(C) / Σ_{c∈C} a(c)) over every batch C the engine may run that holds it
+— n and up to ``max_batch`` − 1 partners, each of a token count of the trace (one model per
+trace). The device runs one thing at a time (encodes, steps, decodes — inline, tile by tile
+or on the concurrent decode worker, which shares the same device; host transfers and chunk
+overheads only add time), so over any span of time the device is busy at least the sum of
+the charges of the steps run in it plus the encodes and decodes run in it. An on-time
+request of a window runs its encode, all its steps and its decode inside the window, so
+``encode + steps · a(n) · ρ(n) + decode`` of the window's time is its own: the window
+argument above holds with this work. Unlike the profile share (``CostModel.
+profile_step_share``, which splits a batch equally, so a large request next to small ones
+is charged a fraction of a step it waits for in full), this rule never credits a request
+more than the step it is in actually saves against running its members alone. A step model
+may be any function of the batch (no convexity or monotonicity is assumed): ρ is found by
+enumerating the batches (``MAX_BATCHES`` at most).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import math
 from collections.abc import Callable, Sequence
 
 from .cost import CostModel
 from .request import Request
 
 WORK_KINDS = ("profile", "flops")
+#: ``trace_work``'s (and so ``min_misses``'): ``WORK_KINDS`` and the proportional split
+TRACE_WORK_KINDS = (*WORK_KINDS, "proportional")
+#: the most batches ``packed_step_ratio`` enumerates for one request shape
+MAX_BATCHES = 200_000
 WINDOW_RULES = ("moore-hodgson", "single")
 
 
@@ -54,16 +82,62 @@ def min_work(
     return cost.encode_time(request) + request.steps * share + cost.decode_time(request)
 
 
+def packed_step_ratio(
+    cost: CostModel, model: str, tokens: int, partner_tokens: Sequence[int]
+) -> float:
+    """ρ(n) of the module docstring: the least T(C) / Σ_{c∈C} T({c}) over the batches C of
+    ``model`` holding one member of ``tokens`` and up to ``max_batch`` − 1 partners whose
+    token counts are among ``partner_tokens``, and 1 (alone). Any schedule charges a member
+    of ``tokens`` at least ρ × its batch-1 step time for each step under the proportional
+    split. ValueError when there would be more than ``MAX_BATCHES`` batches to try."""
+    sizes = sorted(set(partner_tokens))
+    partners = cost.max_batch(model) - 1
+    count = math.comb(len(sizes) + partners, partners)
+    if count > MAX_BATCHES:
+        raise ValueError(
+            f"packed_step_ratio: {count} batches of up to {partners + 1} members over "
+            f"{len(sizes)} token counts (most {MAX_BATCHES}); give fewer partner_tokens"
+        )
+    alone = {n: cost.step_time(model, [n]) for n in [*sizes, tokens]}
+    best = 1.0
+    for b in range(1, partners + 1):
+        for group in itertools.combinations_with_replacement(sizes, b):
+            batch = [tokens, *group]
+            best = min(best, cost.step_time(model, batch) / sum(alone[n] for n in batch))
+    return best
+
+
 def trace_work(
     requests: Sequence[Request], cost: CostModel, work: str = "profile"
 ) -> Callable[[Request], float]:
-    """``min_work`` for requests of this trace (partners: any same-model request of it)."""
+    """``min_work`` for requests of this trace (partners: any same-model request of it);
+    ``work="proportional"``: encode + steps × batch-1 step × ``packed_step_ratio`` with the
+    trace's token counts as partners + decode (module docstring)."""
+    if work == "proportional":
+        return _proportional_work(requests, cost)
     span: dict[str, tuple[int, int]] = {}
     for r in requests:
         n = cost.tokens(r)
         lo, hi = span.get(r.model, (n, n))
         span[r.model] = (min(lo, n), max(hi, n))
     return lambda r: min_work(r, cost, work, span[r.model])
+
+
+def _proportional_work(
+    requests: Sequence[Request], cost: CostModel
+) -> Callable[[Request], float]:
+    sizes: dict[str, set[int]] = {}
+    for r in requests:
+        sizes.setdefault(r.model, set()).add(cost.tokens(r))
+    ratio = {(m, n): packed_step_ratio(cost, m, n, sorted(ns)) for m, ns in sizes.items()
+             for n in ns}
+
+    def work_of(r: Request) -> float:
+        n = cost.tokens(r)
+        step = cost.step_time(r.model, [n]) * ratio[r.model, n]
+        return cost.encode_time(r) + r.steps * step + cost.decode_time(r)
+
+    return work_of
 
 
 def min_misses(
@@ -81,6 +155,8 @@ def min_misses(
     """
     if windows not in WINDOW_RULES:
         raise ValueError(f"windows must be one of {WINDOW_RULES}, got {windows!r}")
+    if work not in TRACE_WORK_KINDS:
+        raise ValueError(f"work must be one of {TRACE_WORK_KINDS}, got {work!r}")
     if not requests:
         return 0
     cost_of = trace_work(requests, cost, work)

@@ -49,9 +49,11 @@ from .request import Request
 logger = logging.getLogger(__name__)
 
 #: ``work`` kinds: ``bound.min_work``'s (``"profile"``, ``"flops"``: the least a request can
-#: cost with any batching) and ``"standalone"`` (its batch-1 time: the bound then holds for
-#: every schedule that runs one request per step, with exact timings).
-TAIL_WORK_KINDS = ("profile", "flops", "standalone")
+#: cost with any batching), ``"proportional"`` (``bound.trace_work``: each packed step split
+#: in proportion to its members' batch-1 step times — any batching, tighter) and
+#: ``"standalone"`` (its batch-1 time: the bound then holds for every schedule that runs one
+#: request per step, with exact timings).
+TAIL_WORK_KINDS = ("profile", "flops", "proportional", "standalone")
 
 
 def _work_of(requests: Sequence[Request], cost: CostModel, work: str) -> Callable[[Request], float]:
@@ -329,10 +331,11 @@ def min_misses_tail(
     """A lower bound on the total misses over ``traces`` (independent runs, e.g. seeds) of
     any schedules in which every flow is ≤ ``max_flow`` s and, pooled over the traces, at
     most ``exempt`` flows are > ``tail_flow`` s (``allowed_above(N, 99)`` with the fifo P99
-    as ``tail_flow``: "P99 and maximum no higher than fifo's"). Works: ``bound.min_work``
-    (``work="profile"``/``"flops"``: any batching), or ``"standalone"``: batch-1 times, a
-    bound for the schedules that run one request per step (and for any schedule whose
-    packing gains are nil on the trace).
+    as ``tail_flow``: "P99 and maximum no higher than fifo's"; ``max_flow=math.inf`` for
+    the P99 alone). Works: ``bound.min_work`` (``work="profile"``/``"flops"``: any
+    batching), ``"proportional"`` (any batching, ``bound``'s module docstring), or
+    ``"standalone"``: batch-1 times, a bound for the schedules that run one request per
+    step (and for any schedule whose packing gains are nil on the trace).
 
     **Derivation.** Fix a schedule and its exempt set E (the requests with flow above
     ``tail_flow``, |E| ≤ ``exempt``). Take a window [t1, t2] starting at an arrival and, among

@@ -1,0 +1,215 @@
+"""The proportional split (``work="proportional"``): a packed step's time shared among its
+members in proportion to their batch-1 step times. Checked by hand, against a brute-force
+search over every schedule of whole operations on tiny traces (never beaten; equal to it on
+cases built to be tight), and against the equal-split profile share it tightens."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sched_factories import req, table_cost
+
+from ditmem.scheduler.bound import (
+    min_misses,
+    packed_step_ratio,
+    trace_work,
+)
+from ditmem.scheduler.tail_bound import min_misses_tail
+
+# A 512² step (1,024 tokens) costs 1.0 s alone, 1.5 s as a pair, 2.4 s as four (one measured
+# point for four: scaled by the mean tokens); a 1024² step (4,096 tokens) 4.0 s alone and
+# 7.0 s as a pair. A batch of 3 is not measured and costs the sum of its members alone.
+BATCH_POINTS = [
+    {"tokens": 1024, "batch": 2, "seconds": 1.5},
+    {"tokens": 4096, "batch": 2, "seconds": 7.0},
+    {"tokens": 1024, "batch": 4, "seconds": 2.4},
+]
+ENCODE, DECODE_PER_MP = 0.05, 0.2
+
+
+def cost_model():
+    return table_cost(batch_points=BATCH_POINTS, encode_s=ENCODE, decode_s_per_mp=DECODE_PER_MP)
+
+
+def decode_s(size: int) -> float:
+    return DECODE_PER_MP * size * size / 1e6
+
+
+def test_ratio_by_hand():
+    cost = cost_model()
+    # Same-shape 512² partners: a pair 1.5 / 2 = 0.75, four 2.4 / 4 = 0.6.
+    assert packed_step_ratio(cost, "qwen-image", 1024, [1024]) == pytest.approx(0.6)
+    # Among 1024² requests: a pair 7.0 / 8.0; four (the one batch-4 point scaled by tokens:
+    # 2.4 × 4 = 9.6 s) 9.6 / 16 = 0.6.
+    assert packed_step_ratio(cost, "qwen-image", 4096, [4096]) == pytest.approx(0.6)
+    assert cost.step_time("qwen-image", [4096, 4096]) / 8.0 == pytest.approx(7.0 / 8.0)
+    # One 1024² with three 512²: four members of 1,792 tokens on average, 2.4 × 1792 / 1024 =
+    # 4.2 s (above the 4.0 s of the 1024² alone), against 4 + 3 × 1 = 7 s alone: 0.6.
+    # A 1024² with one 512²: mean 2,560 tokens, the pair curve log-log between 1.5 s at 1,024
+    # and 7.0 s at 4,096, i.e. 1.5 · (7 / 1.5)^(log 2.5 / log 4), against 4 + 1 alone.
+    pair = 1.5 * (7.0 / 1.5) ** (math.log(2.5) / math.log(4)) / 5.0
+    assert pair > 0.6
+    assert packed_step_ratio(cost, "qwen-image", 4096, [1024, 4096]) == pytest.approx(0.6)
+    # No batch pays: 1.
+    flat = table_cost()
+    assert packed_step_ratio(flat, "qwen-image", 1024, [1024, 4096]) == 1.0
+
+
+def test_work_by_hand_against_the_equal_split():
+    cost = cost_model()
+    big, small = req("b", size=1024, steps=5, cost=cost), req("s", size=512, steps=5, cost=cost)
+    work = trace_work([big, small], cost, "proportional")
+    # 5 steps at 4.0 × 0.6 = 2.4 s: the 1024² pays its share of the 4.2-s step it runs in.
+    assert work(big) == pytest.approx(ENCODE + 5 * 2.4 + decode_s(1024))
+    assert work(small) == pytest.approx(ENCODE + 5 * 0.6 + decode_s(512))
+    # The equal split (profile share) charges the 1024² only a quarter of a 4.2-s step:
+    # 1.05 s, though it waits for the whole step.
+    profile = trace_work([big, small], cost, "profile")
+    assert profile(big) == pytest.approx(ENCODE + 5 * 1.05 + decode_s(1024))
+    with pytest.raises(ValueError, match="work must be one of"):
+        min_misses([big], cost, work="shared")
+
+
+def test_too_many_batches_is_refused():
+    cost = table_cost(max_batch=64)
+    with pytest.raises(ValueError, match="batches of up to 64"):
+        packed_step_ratio(cost, "qwen-image", 1024, list(range(1000, 1100)))
+
+
+# ---- a brute-force optimum over schedules of whole operations --------------------------
+
+
+def best_schedule(trace, cost, max_flow=math.inf, tail_flow=math.inf, exempt=0):
+    """The fewest misses over every schedule that runs whole operations one at a time, each
+    as early as its predecessor and its members' arrivals allow: a packed step of any
+    subset (up to ``max_batch``) of the requests with steps left, each member's encode run
+    just before its first step, and each decode any time after its last step. Only the
+    schedules keeping every flow ≤ ``max_flow`` and at most ``exempt`` above ``tail_flow``
+    count (None when there is none). A restricted class (no pause inside a step): its
+    optimum is ≥ the true one, so the bound must stay ≤ it."""
+    model = trace[0].model
+    limit = cost.max_batch(model)
+    n = len(trace)
+    tokens = [cost.tokens(r) for r in trace]
+    enc = [cost.encode_time(r) for r in trace]
+    dec = [cost.decode_time(r) for r in trace]
+    best = [None]
+
+    def score(finish):
+        flows = [finish[i] - trace[i].arrival for i in range(n)]
+        if max(flows) > max_flow + 1e-9 or sum(f > tail_flow + 1e-9 for f in flows) > exempt:
+            return None
+        return sum(finish[i] > trace[i].deadline + 1e-9 for i in range(n))
+
+    def go(now, left, encoded, finish):
+        late = sum((f if f is not None else now) > trace[i].deadline + 1e-9
+                   for i, f in enumerate(finish))
+        if best[0] is not None and late >= best[0]:
+            return  # no better from here
+        flows = [(f if f is not None else now) - trace[i].arrival for i, f in enumerate(finish)]
+        if max(flows) > max_flow + 1e-9 or sum(f > tail_flow + 1e-9 for f in flows) > exempt:
+            return  # the limits are broken already
+        if all(f is not None for f in finish):
+            s = score(finish)
+            if s is not None and (best[0] is None or s < best[0]):
+                best[0] = s
+            return
+        for i in range(n):  # a decode
+            if left[i] == 0 and finish[i] is None:
+                t = max(now, trace[i].arrival) + dec[i]
+                go(t, left, encoded, finish[:i] + [t] + finish[i + 1:])
+        open_ = [i for i in range(n) if left[i] > 0]
+        for mask in range(1, 1 << len(open_)):
+            members = [open_[k] for k in range(len(open_)) if mask >> k & 1]
+            if len(members) > limit:
+                continue
+            t = max([now] + [trace[i].arrival for i in members])
+            t += sum(enc[i] for i in members if not encoded[i])
+            t += cost.step_time(model, [tokens[i] for i in members])
+            new_left = [x - 1 if i in members else x for i, x in enumerate(left)]
+            new_enc = [e or i in members for i, e in enumerate(encoded)]
+            go(t, new_left, new_enc, finish)
+
+    go(0.0, [r.steps for r in trace], [False] * n, [None] * n)
+    return best[0]
+
+
+def _trace(cost, jobs):
+    return [req(f"r{k}", a, size=size, steps=steps, slo_ms=1000 * slack, cost=cost)
+            for k, (a, size, steps, slack) in enumerate(jobs)]
+
+
+JOBS = st.lists(
+    st.tuples(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]), st.sampled_from([512, 1024]),
+              st.integers(1, 2), st.sampled_from([1.5, 2.5, 4.0, 6.0, 9.0])),
+    min_size=1, max_size=4,
+).filter(lambda jobs: sum(s for _, _, s, _ in jobs) <= 6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(JOBS)
+def test_the_bound_is_never_above_the_brute_force_optimum(jobs):
+    cost = cost_model()
+    trace = _trace(cost, jobs)
+    best = best_schedule(trace, cost)
+    assert min_misses(trace, cost, work="proportional") <= best
+    # the batch-1 time is never below the proportional work (ρ ≤ 1)
+    assert (min_misses(trace, cost, work="proportional")
+            <= min_misses_tail([trace], cost, math.inf, 1e9, 0, work="standalone"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(JOBS, st.sampled_from([3.0, 5.0, 8.0]), st.sampled_from([1.0, 1.5]), st.integers(0, 1))
+def test_the_joint_bound_is_never_above_the_brute_force_optimum(jobs, tail_flow, stretch,
+                                                                 exempt):
+    cost = cost_model()
+    trace = _trace(cost, jobs)
+    max_flow = tail_flow * stretch
+    best = best_schedule(trace, cost, max_flow, tail_flow, exempt)
+    try:
+        bound = min_misses_tail([trace], cost, max_flow, tail_flow, exempt, work="proportional")
+    except ValueError:
+        assert best is None  # the bound says no schedule keeps the limits: none does
+        return
+    if best is not None:
+        assert bound <= best
+
+
+def _tight_case(slack):
+    """One 1024² and three 512², all at 0, 2 steps each, due ``slack`` s after arrival."""
+    cost = cost_model()
+    jobs = [(0.0, 1024, 2, slack)] + [(0.0, 512, 2, slack)] * 3
+    return cost, _trace(cost, jobs)
+
+
+def test_tight_on_a_mixed_batch_built_to_be_tight():
+    # The best batch for both shapes is {1024², 512² × 3}: ρ = 0.6 for each, so the split
+    # charges exactly its 4.2 s. All four on time need 4 encodes, 2 such steps and 4
+    # decodes: 0.2 + 8.4 + 0.2 · (1.048576 + 3 × 0.262144) = 8.96700 s.
+    need = 4 * ENCODE + 2 * 4.2 + decode_s(1024) + 3 * decode_s(512)
+    cost, trace = _tight_case(need + 1e-6)
+    assert min_misses(trace, cost, work="proportional") == 0 == best_schedule(trace, cost)
+    cost, trace = _tight_case(need - 0.01)
+    assert min_misses(trace, cost, work="proportional") == 1 == best_schedule(trace, cost)
+    # The equal split credits the 1024² a quarter of that step and forbids nothing here.
+    assert min_misses(trace, cost, work="profile") == 0
+
+
+def test_tight_on_identical_requests_and_tail_limits():
+    # Four 512² at 0, 2 steps: packed by four, 4 encodes + 2 × 2.4 + 4 decodes = 5.2097 s.
+    cost = cost_model()
+    need = 4 * ENCODE + 2 * 2.4 + 4 * decode_s(512)
+    for slack, misses in ((need + 1e-6, 0), (need - 0.01, 1)):
+        trace = _trace(cost, [(0.0, 512, 2, slack)] * 4)
+        assert min_misses(trace, cost, work="proportional") == misses
+        assert best_schedule(trace, cost) == misses
+    # With every flow ≤ need − 0.01 except one exempt: the others must finish by then, the
+    # exempt one may run late (1 miss, as the brute force).
+    trace = _trace(cost, [(0.0, 512, 2, 100.0)] * 4)
+    tail = need - 0.01
+    assert min_misses_tail([trace], cost, 100.0, tail, 1, work="proportional") == 0
+    assert best_schedule(trace, cost, 100.0, tail, 1) == 0
+    with pytest.raises(ValueError, match="no schedule keeps"):
+        min_misses_tail([trace], cost, 100.0, tail, 0, work="proportional")
+    assert best_schedule(trace, cost, 100.0, tail, 0) is None
