@@ -20,6 +20,7 @@ from ditmem.tools.demo_runs import decode_mode, decode_tile
 from ditmem.tools.profile import add_decode_tile_argument
 from ditmem.tools.profile_check import report, work_ratio
 from ditmem.tools.report import comparison_table, run_summary
+from ditmem.tools.run_speed import describe, one_device_references, speed_factors
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -190,6 +191,10 @@ def main(args) -> int:
         results[name]["sim_p50_s"] = sim["p50_s"]
         results[name]["vs_profile"] = o["vs_profile"]
         results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])
+        results[name]["at_run_speed"] = one_device_references(
+            trace, CostModel.load(args.profile).profile, speed_factors(o["vs_profile"]), name,
+            o["page_bytes"], o["num_pages"],
+            "concurrent" if args.decode_workers else decode_mode(args, name, gen))
     meta = {
         "command": "demo", "model": args.model, "workload": args.workload,
         "device": args.profile, "load": args.load, "arrival": args.arrival,
@@ -210,7 +215,12 @@ def main(args) -> int:
         print("\n".join(report(name, res["vs_profile"], args.load, res["measured_load"])))
     print(f"largest / smallest standalone time: {meta['standalone_ratio']:.1f}x; "
           f"offline bound for this trace: any policy <= {100 * meta['bound_attainment']:.1f}%"
-          f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}%")
+          f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}% "
+          "(on the start-up profile's times)")
+    print("the references at the speed each run measured (same arrivals and deadlines; the "
+          "device's times x the run's own per kind; JSON: at_run_speed):")
+    for name, res in results.items():
+        print("\n".join(describe(name, dict(meta, **res), res["at_run_speed"], res)))
     if args.plot:
         from ditmem.tools.plots import plot_comparison
 
