@@ -252,6 +252,46 @@ def clairvoyant_misses(
     leftover time and counts as a miss) and the schedule is redone; at the end each
     set-aside request, smallest first, is taken back if the schedule stays feasible.
     """
+    return len(_clairvoyant_plan(requests, cost, work)[1])
+
+
+def clairvoyant_flows(
+    requests: Sequence[Request], cost: CostModel, work: str = "standalone"
+) -> list[float]:
+    """Flow times (finish − arrival, s, in ``requests``' order) in ``clairvoyant_misses``'
+    schedule, made whole: the kept requests by preemptive EDF (each meets its deadline), the
+    set-aside ones, oldest first, in the time the kept ones leave (preempted whenever a kept
+    one is ready, so they never delay one). With ``work="standalone"`` it is a schedule the
+    device can run one request per step, up to preemption inside a step: a flow list it
+    shows reachable (e.g. its P99 against a tail target)."""
+    jobs, removed = _clairvoyant_plan(requests, cost, work)
+    heap: list[tuple] = []
+    now, k = 0.0, 0
+    rem: dict[int, float] = {}
+    finish: dict[int, float] = {}
+    while k < len(jobs) or heap:
+        if not heap:
+            now = max(now, jobs[k][0])
+        while k < len(jobs) and jobs[k][0] <= now:
+            a, d, p, i = jobs[k]
+            rem[i] = p
+            heapq.heappush(heap, (1, a, 0.0, i) if i in removed else (0, d, a, i))
+            k += 1
+        i = heap[0][3]
+        run = min(rem[i], (jobs[k][0] if k < len(jobs) else math.inf) - now)
+        now += run
+        rem[i] -= run
+        if rem[i] <= 1e-12:
+            heapq.heappop(heap)
+            finish[i] = now
+    return [finish[i] - r.arrival for i, r in enumerate(requests)]
+
+
+def _clairvoyant_plan(
+    requests: Sequence[Request], cost: CostModel, work: str
+) -> tuple[list[tuple[float, float, float, int]], set[int]]:
+    """``clairvoyant_misses``' jobs (arrival, deadline, work, index), by arrival, and the
+    indices it sets aside."""
     work_of = _standalone if work == "standalone" else trace_work(requests, cost, work)
     jobs = sorted(
         ((r.arrival, r.deadline, work_of(r), i) for i, r in enumerate(requests)),
@@ -266,7 +306,7 @@ def clairvoyant_misses(
         removed.discard(j[3])
         if _edf_first_miss([k for k in jobs if k[3] not in removed]) is not None:
             removed.add(j[3])
-    return len(removed)
+    return jobs, removed
 
 
 def _standalone(request: Request) -> float:

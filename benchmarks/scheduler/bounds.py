@@ -2,8 +2,9 @@
 its old and new form, and for each target "forbidden" (the bound excludes it) or "not
 forbidden", with the number.
 
-    python benchmarks/scheduler/bounds.py [--parts tail,single,node,demo,goodput] [--seeds 5]
-        [--requests 2000] [--json OUT]
+    python benchmarks/scheduler/bounds.py [--parts tail,single,node,demo,goodput,packed]
+        [--seeds 5] [--requests 2000] [--demo-runs A.json,...] [--bench-runs B.json,...]
+        [--json OUT]
 
 Parts:
 
@@ -27,6 +28,16 @@ Parts:
 * ``demo`` — the two-device demo trace (run 6's profile): ``node_demo.limits``, the latency
   floor/bound under both rules and the joint bound, beside the demo's P95 bar.
 
+* ``packed`` — the proportional split (``bound.trace_work(work="proportional")``: each packed
+  step split among its members by their batch-1 step times; sound for any batching) beside
+  the equal-split profile share and batch-1 times, on issue 13's real traces: every saved
+  ``ditmem demo`` run (``--demo-runs``; target: within 1 point of the clairvoyant reference
+  AND P99 ≤ fifo's — the P99 alone, ``max_flow=inf``; the stricter pair with max ≤ fifo's
+  beside), the HTTP bench traces (``--bench-runs``; client SLOs; target: attainment ≥ slo's
+  in that run AND P95, P99 ≤ fifo's measured) and seed-mix/h200 ρ 0.8 pooled (attainment
+  within 0.5 point of the plain bound AND P99, max ≤ fifo's). A bound counts as the larger
+  of its two packing rules (each is sound).
+
 Every bound is on the profile's times (noise-free works); with noise on they hold to the
 noise's order. Prints a table per part; ``--json`` writes every number.
 """
@@ -34,13 +45,19 @@ noise's order. Prints a table per part; ``--json`` writes every number.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
 import types
 
 from ditmem.scheduler import CostModel
-from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+from ditmem.scheduler.bound import (
+    clairvoyant_flows,
+    clairvoyant_misses,
+    min_misses,
+    trace_work,
+)
 from ditmem.scheduler.experiment import Scenario, run_point
 from ditmem.scheduler.tail_bound import allowed_above, min_misses_tail, min_misses_within
 
@@ -233,19 +250,171 @@ def part_demo() -> dict:
     return out
 
 
+DEMO_RUNS = [f"benchmarks/serving/results/demo_{r}.json" for r in (
+    "s5_run1", "s5_run2", "s5_run3", "s6_run1", "s6_run2", "s6_run3", "s6_edf_run1",
+    "s6_edf_run2", "s6_edf_run3", "s7_run1", "s7_run2", "s7_run3")]
+BENCH_RUNS = [f"benchmarks/serving/results/bench_omni_random_{s}.json" for s in ("s5", "s6",
+                                                                                  "s7")]
+PACKINGS = ("profile", "proportional")
+
+
+def _fifo_tail(reqs, cost) -> tuple[float, float, float]:
+    """Noise-free fifo's P95, P99 and maximum flow on ``reqs`` (s)."""
+    from ditmem.scheduler.metrics import percentile
+    from ditmem.scheduler.policies import make_policy
+    from ditmem.scheduler.simulator import simulate
+
+    res = simulate([dataclasses.replace(r) for r in reqs], make_policy("fifo", cost.fresh()))
+    lat = [rec.latency for rec in res.records]
+    return percentile(lat, 95), percentile(lat, 99), max(lat)
+
+
+def _tail_misses(traces, cost, max_flow, tail_flow, q) -> dict[str, int]:
+    """min_misses_tail per work kind, with ``allowed_above(N, q)`` exempt, and the best packing
+    bound (the larger of the two packing rules)."""
+    n = sum(len(t) for t in traces)
+    k = allowed_above(n, q)
+    out = {w: min_misses_tail(traces, cost, max_flow, tail_flow, k, work=w)
+           for w in (*PACKINGS, "standalone")}
+    out["packing"] = max(out[w] for w in PACKINGS)
+    return out
+
+
+def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs) -> dict:
+    import math
+    import sys
+
+    sys.path.insert(0, "benchmarks/scheduler")
+    from replay_bench import bench_trace, demo_trace
+
+    out: dict = {"demos": [], "benches": []}
+    print("\n## issue 13, real traces: the bounds with the proportional split (attainment %)")
+    print(f"{'trace':<14} {'n':>4} {'plain eq.':>9} {'plain prop':>10} {'clair b1':>8} "
+          f"{'need':>6} {'P99: pack':>9} {'P99: b1':>8} {'P99+max: pack':>13} "
+          f"{'P99+max: b1':>11} {'P99 meas.: pack':>15} {'verdict (P99 target)':>22}")
+    for path in demo_runs:
+        with open(path) as fh:
+            runs = {r["policy"]: r for r in json.load(fh)}
+        cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+        reqs = demo_trace(next(iter(runs.values())), cost)
+        n = len(reqs)
+        _, p99, top = _fifo_tail(reqs, cost)
+        row = {"trace": path, "requests": n, "fifo_p99_s": p99, "fifo_max_s": top,
+               "fifo_p99_measured_s": runs["fifo"]["p99_s"],
+               "clairvoyant": 1 - clairvoyant_misses(reqs, cost) / n,
+               "printed_clairvoyant": runs["slo"]["clairvoyant_attainment"],
+               "slo_measured": runs["slo"]["slo_attainment"]}
+        row["plain"] = {w: 1 - min_misses(reqs, cost, work=w) / n for w in PACKINGS}
+        row["p99"] = _tail_misses([reqs], cost, math.inf, p99, 99)
+        row["p99_measured_fifo"] = _tail_misses([reqs], cost, math.inf,
+                                                runs["fifo"]["p99_s"], 99)
+        row["p99_max"] = _tail_misses([reqs], cost, top, p99, 99)
+        flows = clairvoyant_flows(reqs, cost)
+        row["clairvoyant_above_fifo_p99"] = sum(f > p99 + 1e-9 for f in flows)
+        row["clairvoyant_max_s"] = max(flows)
+        row["exempt"] = allowed_above(n, 99.0)
+        need = row["printed_clairvoyant"] - 0.01
+        row["need"] = need
+        best = 1 - row["p99"]["packing"] / n
+        row["forbidden"] = best < need - 1e-9
+        row["forbidden_measured_fifo"] = 1 - row["p99_measured_fifo"]["packing"] / n < need
+        row["forbidden_with_max"] = 1 - row["p99_max"]["packing"] / n < need - 1e-9
+        out["demos"].append(row)
+        pct = {key: {w: 100 * (1 - m / n) for w, m in row[key].items()}
+               for key in ("p99", "p99_max")}
+        verdict = "forbidden" if row["forbidden"] else f"not forb. ({100 * (best - need):.1f} pt)"
+        if not row["forbidden"] and row["clairvoyant_above_fifo_p99"] <= row["exempt"]:
+            verdict += ", met"  # the clairvoyant batch-1 schedule keeps the P99 as well
+        print(f"{path.rsplit('demo_', 1)[-1].removesuffix('.json'):<14} {n:4d} "
+              f"{100 * row['plain']['profile']:8.1f}% {100 * row['plain']['proportional']:9.1f}% "
+              f"{100 * row['clairvoyant']:7.1f}% {100 * need:5.1f}% "
+              f"{pct['p99']['packing']:8.1f}% {pct['p99']['standalone']:7.1f}% "
+              f"{pct['p99_max']['packing']:12.1f}% {pct['p99_max']['standalone']:10.1f}% "
+              f"{100 * (1 - row['p99_measured_fifo']['packing'] / n):14.1f}% {verdict:>22}")
+    print(f"\n{'bench':<26} {'n':>4} {'slo today':>9} {'P95: pack':>9} {'P99: pack':>9} "
+          f"{'P95: b1':>8} {'P99: b1':>8} {'verdict':>14}")
+    for path in bench_runs:
+        with open(path) as fh:
+            bench = json.load(fh)
+        cost = CostModel.from_dict(bench["profile_data"])
+        base, client = bench_trace(bench)
+        reqs = [cost.assign_deadline(dataclasses.replace(r, slo_ms=1000 * client[r.id]))
+                for r in base]
+        n = len(reqs)
+        fifo, slo = bench["results"]["fifo"], bench["results"]["slo"]
+        row = {"trace": path, "requests": n, "fifo_p95_s": fifo["p95_s"],
+               "fifo_p99_s": fifo["p99_s"], "slo_attainment": slo["slo_attainment"],
+               "plain": {w: 1 - min_misses(reqs, cost, work=w) / n for w in PACKINGS},
+               "p95": _tail_misses([reqs], cost, math.inf, fifo["p95_s"], 95),
+               "p99": _tail_misses([reqs], cost, math.inf, fifo["p99_s"], 99)}
+        sim95, sim99, _ = _fifo_tail(reqs, cost)
+        row["sim_fifo_p95_s"], row["sim_fifo_p99_s"] = sim95, sim99
+        row["p95_sim"] = _tail_misses([reqs], cost, math.inf, sim95, 95)
+        row["p99_sim"] = _tail_misses([reqs], cost, math.inf, sim99, 99)
+        worst = max(row[k]["packing"] for k in ("p95", "p99", "p95_sim", "p99_sim"))
+        row["bound"] = 1 - worst / n
+        row["forbidden"] = row["bound"] < row["slo_attainment"] - 1e-9
+        out["benches"].append(row)
+        verdict = "forbidden" if row["forbidden"] else "not forbidden"
+        print(f"{path.rsplit('/', 1)[-1]:<26} {n:4d} {100 * row['slo_attainment']:8.1f}% "
+              f"{100 * (1 - row['p95']['packing'] / n):8.1f}% "
+              f"{100 * (1 - row['p99']['packing'] / n):8.1f}% "
+              f"{100 * (1 - row['p95']['standalone'] / n):7.1f}% "
+              f"{100 * (1 - row['p99']['standalone'] / n):7.1f}% {verdict:>14}")
+    if seeds:
+        cost = CostModel.load("h200")
+        base = dict(workload="seed-mix", requests=requests, seeds=seeds)
+        traces = [Scenario(cost=cost, **base).requests_for(0.8, s) for s in seeds]
+        n = sum(len(t) for t in traces)
+        fifo = run_point(Scenario(cost=CostModel.load("h200"), noise=0.0, **base), "fifo", 0.8)
+        t0 = time.time()
+        plain = {w: 1 - sum(min_misses(t, cost, work=w) for t in traces) / n for w in PACKINGS}
+        joint = _tail_misses(traces, cost, fifo["max_s"], fifo["p99_s"], 99)
+        row = {"requests": n, "fifo_p99_s": fifo["p99_s"], "fifo_max_s": fifo["max_s"],
+               "plain": plain, "joint": joint, "seconds": time.time() - t0,
+               "work_s": {w: sum(sum(map(trace_work(t, cost, w), t)) for t in traces)
+                          for w in PACKINGS},
+               "standalone_work_s": sum(cost.standalone_time(r) for t in traces for r in t)}
+        flows = [f for t in traces for f in clairvoyant_flows(t, cost)]
+        row["clairvoyant"] = 1 - sum(clairvoyant_misses(t, cost) for t in traces) / n
+        row["clairvoyant_above_fifo_p99"] = sum(f > fifo["p99_s"] + 1e-9 for f in flows)
+        row["clairvoyant_max_s"] = max(flows)
+        bar = max(plain.values()) - 0.005
+        row["bar"] = bar
+        out["seed_mix"] = row
+        jb = {w: 100 * (1 - m / n) for w, m in joint.items()}
+        print(f"\nseed-mix h200 ρ 0.8 {len(seeds)} x {requests}: plain bound "
+              f"{100 * plain['profile']:.2f} % (equal split) / {100 * plain['proportional']:.2f} % "
+              f"(proportional); the pair needs >= {100 * bar:.2f} %; joint (P99 <= "
+              f"{fifo['p99_s']:.1f} s, max <= {fifo['max_s']:.1f} s): equal split "
+              f"{jb['profile']:.2f} %, proportional {jb['proportional']:.2f} %, batch-1 "
+              f"{jb['standalone']:.2f} % -> "
+              f"{'forbidden' if jb['packing'] < 100 * bar else 'not forbidden'} "
+              f"({time.time() - t0:.0f} s); clairvoyant batch-1 {100 * row['clairvoyant']:.2f} %, "
+              f"{row['clairvoyant_above_fifo_p99']} flows above fifo's P99 (allowed "
+              f"{allowed_above(n, 99.0)}), max {row['clairvoyant_max_s']:.1f} s")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="tail,single,node,demo",
-                    help="comma list of tail,single,node,demo,goodput (default: all but goodput)")
+                    help="comma list of tail,single,node,demo,goodput,packed (default: the first "
+                         "four)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--workloads", default="seed-mix,omni-mix", help="for the node part")
+    ap.add_argument("--demo-runs", default=",".join(DEMO_RUNS),
+                    help="for the packed part: saved ditmem demo --json runs (comma list)")
+    ap.add_argument("--bench-runs", default=",".join(BENCH_RUNS),
+                    help="for the packed part: saved HTTP bench --json runs (comma list)")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     seeds = tuple(range(args.seeds))
     parts = args.parts.split(",")
-    bad = [p for p in parts if p not in ("tail", "single", "node", "demo", "goodput")]
+    bad = [p for p in parts
+           if p not in ("tail", "single", "node", "demo", "goodput", "packed")]
     if bad:
         ap.error(f"unknown part {bad[0]!r}")
     out: dict = {"seeds": list(seeds), "requests": args.requests}
@@ -259,6 +428,9 @@ def main() -> None:
         out["demo"] = part_demo()
     if "goodput" in parts:
         out["goodput"] = part_goodput(seeds, args.requests, args.workloads.split(","))
+    if "packed" in parts:
+        out["packed"] = part_packed(seeds, args.requests, args.demo_runs.split(","),
+                                    args.bench_runs.split(","))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
