@@ -25,6 +25,16 @@ or above the P95 it holds, its time alone at degree 1 and 2, how many finish wit
 the latter (the P95 bar), and per request on average: the wait before its first step, the
 seconds lost to steps at degree 1 instead of 2, the rest (pauses between steps), steps at
 degree 1, and whether another large request was alive alongside.
+
+``--why VARIANTS`` (``;`` between them) prints where the time went
+(``ditmem.scheduler.node.policies.recorder``), pooled over the traces: per large request
+(1024²) and per missed request (from arrival to its deadline), the mean seconds in each
+state — its own steps at each degree, its last job (last step + decode), or waiting while
+the devices were held by a large request's decode, large steps or small requests — and how
+many large requests finish within the trace's P95 bar (max(0.5 × fifo's P95, 1.2 × the
+floor); the P95 needs about half of them there). ``--large-only`` replays only the 1024²
+requests of each trace (what the policy gives the large tier with nothing else on the
+node; the bar stays the full trace's).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from ditmem.scheduler import CostModel
 from ditmem.scheduler.metrics import summarize
 from ditmem.scheduler.node.cost import NodeCost
 from ditmem.scheduler.node.policies import make_node_policy
+from ditmem.scheduler.node.policies.recorder import DecisionLog, time_split
 from ditmem.scheduler.node.simulator import simulate_node
 from ditmem.scheduler.node.topology import Node
 from ditmem.scheduler.noise import TimingNoise
@@ -161,6 +172,72 @@ def tier_rows(profiles: list[str], seeds: list[int], spec: str, *, devices: int 
     return out
 
 
+def why_rows(profiles: list[str], seeds: list[int], specs: list[str], *, devices: int = 2,
+             load: float = 0.8, requests: int = 150, side: int = 1024,
+             large_only: bool = False) -> list[dict]:
+    """Per variant: where the large requests' and the missed requests' time went (see --why),
+    pooled over ``profiles`` × ``seeds``."""
+    def large(q):
+        return q.width * q.height >= side * side
+
+    out = []
+    for spec in specs:
+        name, options = parse_variant(spec)
+        big: dict[str, float] = {}
+        miss: dict[str, float] = {}
+        n_big = n_miss = within = 0
+        miss_tiers: dict[int, int] = {}
+        for prof in profiles:
+            with open(RESULTS / f"demo_devices2_{prof}_profile.json") as f:
+                cost = CostModel.from_dict(json.load(f))
+            for seed in seeds:
+                args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
+                                             seed=seed, arrival="poisson", divisor=2)
+                trace = build_trace(args, cost, devices)
+                bar = max(0.5 * simulate("fifo", trace, cost, devices, seed)["p95_s"],
+                          1.2 * limits(trace, cost, devices)["p95_floor_s"])
+                if large_only:
+                    trace = [r for r in trace if large(r)]
+                topo = Node(devices, NodeCost(cost).links)
+                log = DecisionLog(make_node_policy(name, NodeCost(cost), topo, **options), large)
+                recs = simulate_node([dataclasses.replace(r) for r in trace], log, topo,
+                                     noise=TimingNoise(0.03, 0.0, seed)).records
+                for pool, pick, until in ((big, lambda r: large(r.request), None),
+                                          (miss, lambda r: not r.met,
+                                           lambda r: r.request.deadline)):
+                    for split in time_split(log.log, recs, pick, until).values():
+                        for k, v in split.items():
+                            pool[k] = pool.get(k, 0.0) + v
+                n_big += sum(large(r.request) for r in recs)
+                within += sum(large(r.request) and r.latency <= bar for r in recs)
+                for r in recs:
+                    if not r.met:
+                        n_miss += 1
+                        miss_tiers[r.request.width] = miss_tiers.get(r.request.width, 0) + 1
+        out.append({
+            "variant": spec, "large_only": large_only, "large": n_big,
+            "large_within_bar": within, "missed": n_miss,
+            "missed_by_side": dict(sorted(miss_tiers.items())),
+            "large_s": {k: v / max(1, n_big)
+                        for k, v in sorted(big.items(), key=lambda kv: -kv[1])},
+            "missed_s": {k: v / max(1, n_miss)
+                         for k, v in sorted(miss.items(), key=lambda kv: -kv[1])},
+        })
+    return out
+
+
+def print_why(rows: list[dict]) -> None:
+    for r in rows:
+        only = " (large requests only)" if r["large_only"] else ""
+        print(f"{r['variant']}{only}: {r['large_within_bar']}/{r['large']} large within the bar;"
+              f" {r['missed']} missed {r['missed_by_side']}")
+        for title, key in (("per large request", "large_s"),
+                           ("per missed request, to its deadline", "missed_s")):
+            if r[key]:
+                print(f"  {title} (s): " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in r[key].items() if v >= 0.005))
+
+
 def print_tier(rows: list[dict]) -> None:
     print(f"{'profile':8} {'share':>6} {'tail':>7} {'alone1':>6} {'alone2':>6} {'in bar':>8} "
           f"{'wait':>5} {'d1 cost':>7} {'pauses':>6} {'d1 steps':>9} {'alone':>8}")
@@ -217,8 +294,21 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--tier", metavar="VARIANT",
                     help="instead: what sets this variant's P95 (the 1024² tier; see above)")
+    ap.add_argument("--why", metavar="VARIANTS",
+                    help="instead: where the large and the missed requests' time went "
+                         "(';' between variants; see above)")
+    ap.add_argument("--large-only", action="store_true",
+                    help="with --why: replay only each trace's 1024² requests")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.why:
+        rows = why_rows(args.profiles.split(","), parse_seeds(args.seeds), args.why.split(";"),
+                        load=args.load, requests=args.requests, large_only=args.large_only)
+        print_why(rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"why": rows}, f, indent=2)
+        return 0
     if args.tier:
         rows = tier_rows(args.profiles.split(","), parse_seeds(args.seeds), args.tier,
                          load=args.load, requests=args.requests)
