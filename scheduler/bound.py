@@ -168,6 +168,17 @@ def min_misses(
     return _best_disjoint(moore_hodgson_windows(jobs, horizon))
 
 
+def min_misses_packed(
+    requests: Sequence[Request], cost: CostModel, horizon: float | None = None
+) -> int:
+    """The larger of ``min_misses`` with the equal split (``work="profile"``) and with the
+    proportional split (``work="proportional"``): both bound every schedule, packed or not,
+    so the larger does too (neither rule is tighter on every profile: the proportional one on
+    measured tables, where the equal split credits a large member a fraction of a step it
+    waits for in full; the equal one on FLOPs profiles)."""
+    return max(min_misses(requests, cost, horizon, work=w) for w in ("profile", "proportional"))
+
+
 def moore_hodgson_windows(jobs: list, horizon: float) -> list[tuple[float, float, int]]:
     """Windows ``(t1, t2, misses)`` with Moore–Hodgson's count, arrivals relaxed to t1, and
     their mirror image (time reversed: deadlines relaxed to t2, arrivals kept); ``jobs`` =

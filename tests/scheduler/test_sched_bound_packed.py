@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sched_factories import req, table_cost
 
-from ditmem.scheduler import make_policy
+from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.bound import (
     clairvoyant_flows,
     clairvoyant_misses,
     min_misses,
+    min_misses_packed,
     packed_step_ratio,
     trace_work,
 )
@@ -165,7 +166,8 @@ def test_the_bound_is_never_above_the_brute_force_optimum(jobs):
 
 
 @settings(max_examples=40, deadline=None)
-@given(JOBS, st.sampled_from([3.0, 5.0, 8.0]), st.sampled_from([1.0, 1.5]), st.integers(0, 1))
+@given(JOBS, st.sampled_from([3.0, 5.0, 8.0]), st.sampled_from([1.0, 1.5, math.inf]),
+       st.integers(0, 2))
 def test_the_joint_bound_is_never_above_the_brute_force_optimum(jobs, tail_flow, stretch,
                                                                  exempt):
     cost = cost_model()
@@ -197,8 +199,10 @@ def test_tight_on_a_mixed_batch_built_to_be_tight():
     assert min_misses(trace, cost, work="proportional") == 0 == best_schedule(trace, cost)
     cost, trace = _tight_case(need - 0.01)
     assert min_misses(trace, cost, work="proportional") == 1 == best_schedule(trace, cost)
-    # The equal split credits the 1024² a quarter of that step and forbids nothing here.
+    # The equal split credits the 1024² a quarter of that step and forbids nothing here;
+    # the larger of the two is the proportional one.
     assert min_misses(trace, cost, work="profile") == 0
+    assert min_misses_packed(trace, cost) == 1
 
 
 def test_tight_on_identical_requests_and_tail_limits():
@@ -263,3 +267,20 @@ def test_clairvoyant_flows_keep_the_kept_deadlines(seed):
     assert late == clairvoyant_misses(trace, cost)
     # no request finishes sooner than its own batch-1 time after its arrival
     assert all(f >= r.standalone_s - 1e-9 for r, f in zip(trace, flows, strict=True))
+
+
+def test_the_equal_split_is_the_tighter_rule_on_h200_flops():
+    cost = CostModel.load("h200")
+    n = 16384  # 2048²; a 512² far later makes 1,024-token partners possible
+    alone = cost.step_time("qwen-image", [n])
+    eq = cost.profile_step_share("qwen-image", n, 1024, n) / alone
+    prop = packed_step_ratio(cost, "qwen-image", n, [1024, n])
+    assert prop < eq < 1  # the FLOPs split charges a large member more than the proportional
+    probe = req("p", size=2048, steps=28, cost=cost)
+    fixed = cost.encode_time(probe) + cost.decode_time(probe)
+    slack = 4 * fixed + 4 * 28 * alone * (eq + prop) / 2  # between the two works of four
+    trace = [req(f"b{i}", 0.0, size=2048, steps=28, slo_ms=1000 * slack, cost=cost)
+             for i in range(4)] + [req("s", 5000.0, size=512, steps=28, cost=cost)]
+    assert min_misses(trace, cost, work="proportional") == 0
+    assert min_misses(trace, cost, work="profile") == 1
+    assert min_misses_packed(trace, cost) == 1
