@@ -1,7 +1,7 @@
 """A node policy wrapper that logs its decisions, and where a request's time went.
 
-``DecisionLog(policy)`` decides exactly as ``policy`` (it is the same object underneath: the
-loop's reports and cancellations go to it unchanged) and keeps, per decision, who was running
+``DecisionLog(policy, large)`` decides exactly as ``policy`` (it hands every call — decisions,
+the loop's reports, cancellations — to it unchanged) and keeps, per decision, who was running
 where and what the plan placed. ``time_split(log, records, chosen)`` then splits each chosen
 request's latency by what it was doing between decisions:
 
@@ -14,8 +14,8 @@ request's latency by what it was doing between decisions:
 
 A request is *large* when ``large(request)`` says so (the tool uses the largest tier, e.g.
 1024² on the two-device demo). The split is by decision intervals (a job started at one
-decision runs until a later one), so it is exact for one-step jobs, which is what every
-node policy plans.
+decision runs until a later one): exact for one-step jobs, which is what ``slo`` plans; a
+static baseline's whole-request job (fifo) shows as one ``last step + decode``.
 """
 
 from __future__ import annotations
