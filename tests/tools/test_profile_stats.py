@@ -173,3 +173,35 @@ def test_a_sample_on_the_cpu_is_its_wall_time():
 
     for device in (None, torch.device("cpu")):
         assert 0.02 <= timed(lambda: time.sleep(0.03), device) < 1.0
+
+
+class OrderedGen(FakeGen):
+    """An encode costs 0.03 s right after a step of any request and 0.01 s otherwise (the
+    tiny model's encodes ran faster back to back than after a step, on this CPU)."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.last = None
+
+    def encode(self, r, pool):
+        self.clock.t += 0.03 if self.last == "step" else 0.01
+        self.last = "encode"
+        return {"left": r.num_inference_steps}
+
+    def step(self, batch):
+        super().step(batch)
+        self.last = "step"
+
+    def decode(self, s):
+        super().decode(s)
+        self.last = "decode"
+
+
+def test_measure_times_an_encode_right_after_another_requests_step(monkeypatch):
+    import time
+
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    m = measure(OrderedGen(clock), [64, 128], [1], 3, pool=None, log=lambda *_: None)
+    assert m["encode_s"] == pytest.approx(0.03)  # back to back it would read 0.01
+    assert [p["seconds"] for p in m["steps"]] == pytest.approx([0.1, 0.1])
