@@ -4,10 +4,14 @@ bursty arrivals, other devices and ablations of slo. Writes JSON and prints tabl
 
     python benchmarks/scheduler/targets.py [--quick] [--json OUT] [--plot OUT.png]
     python benchmarks/scheduler/targets.py --explain-p0 [--seeds 5,6,7,8,9]
+    python benchmarks/scheduler/targets.py --p0-rules [--json OUT]
 
 --quick: 300 requests, 2 seeds, no goodput bisection (a smoke run, ~1 min).
 --explain-p0: only the priority-0 misses of slo and of its previous rules on seed-mix h200
 ρ 0.8 (shape, arrival, what ran in the window); --seeds picks other seeds (held-out check).
+--p0-rules: slo's priority-0 options (``P0_RULES``) beside the default on seed-mix seeds 0–4,
+held-out seeds 5–9 and gamma CV 2 seeds 0–4 (h200, ρ 0.8, noise on), each beside its bound
+and clairvoyant reference (~10 min).
 """
 
 from __future__ import annotations
@@ -41,6 +45,16 @@ ABLATIONS = {
     "slo-urgency0=0.7": {"urgency0": 0.7},
     "slo-protect=0.5,power=4": {"protect": 0.5, "give_up_power": 4.0},
     "slo-srpt-guarded(beta=1)": {"beta": 1.0},
+    "slo-join-margin0=0.2": {"join_margin0": 0.2},
+    "slo-forecast-shield0": {"forecast_shield0": True},
+}
+
+#: The priority-0 rules of Session 8 (``--p0-rules``), beside the default.
+P0_RULES = {
+    "slo": {},
+    "slo join_margin0=0.2": {"join_margin0": 0.2},
+    "slo forecast_shield0": {"forecast_shield0": True},
+    "slo both": {"join_margin0": 0.2, "forecast_shield0": True},
 }
 
 
@@ -160,6 +174,39 @@ def explain_p0(seeds: tuple[int, ...], n: int, path: str) -> int:
     return 0
 
 
+def p0_rules(n: int, path: str) -> int:
+    """Print (and write as JSON) ``P0_RULES`` on the three figure sets, with their bounds."""
+    h200 = CostModel.load("h200")
+    sets = {"seed-mix 0-4": ("poisson", (0, 1, 2, 3, 4)),
+            "held-out 5-9": ("poisson", (5, 6, 7, 8, 9)),
+            "gamma CV 2 0-4": ("gamma:2", (0, 1, 2, 3, 4))}
+    out = []
+    for name, (arrival, seeds) in sets.items():
+        base = Scenario(cost=h200, workload="seed-mix", requests=n, seeds=seeds, arrival=arrival)
+        misses = clair = total = 0
+        for seed in seeds:
+            reqs = base.requests_for(0.8, seed)
+            total += len(reqs)
+            misses += min_misses(reqs, h200)
+            clair += clairvoyant_misses(reqs, h200)
+        bound, ref = 1 - misses / total, 1 - clair / total
+        print(f"== {name}: bound <= {100 * bound:.2f} %, clairvoyant {100 * ref:.2f} %",
+              flush=True)
+        print(HEAD)
+        for label, options in P0_RULES.items():
+            sc = Scenario(cost=h200, workload="seed-mix", requests=n, seeds=seeds,
+                          arrival=arrival, policy_options={"slo": options})
+            r = run_point(sc, "slo", 0.8)
+            print(line(r, label) + f"  max {r['max_s']:.1f}  "
+                  f"(bound {100 * (r['slo_attainment'] - bound):+.2f})", flush=True)
+            out.append({"set": name, "label": label, "options": options, "bound": bound,
+                        "clairvoyant": ref, "point": r})
+    with open(path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    print(f"json: {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -168,10 +215,16 @@ def main(argv=None) -> int:
     ap.add_argument("--plot", default="benchmarks/scheduler/results/seed_mix_sweep.png")
     ap.add_argument("--explain-p0", action="store_true")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0-4)")
+    ap.add_argument("--p0-rules", action="store_true",
+                    help="only slo's priority-0 options beside the default (module docstring)")
     args = ap.parse_args(argv)
     n, seeds = (300, (0, 1)) if args.quick else (2000, (0, 1, 2, 3, 4))
     if args.seeds:
         seeds = tuple(int(x) for x in args.seeds.split(","))
+    if args.p0_rules:
+        path = args.json if args.json != ap.get_default("json") else (
+            "benchmarks/scheduler/results/targets_p0_rules_s8.json")
+        return p0_rules(n, path)
     if args.explain_p0:
         tag = "_".join(map(str, seeds))
         path = args.json_p0 or f"benchmarks/scheduler/results/targets_p0_misses_seeds{tag}.json"

@@ -8,6 +8,7 @@ after everything due up to it) and ``guard`` (the least slack among those due be
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..request import Request, RequestStatus
@@ -34,17 +35,30 @@ class Candidate:
     late: bool = False
 
 
-def set_aside(heap: list[HeapEntry], excess: float, shield0: bool) -> Candidate:
+def set_aside(
+    heap: list[HeapEntry],
+    excess: float,
+    shield0: bool,
+    spare0: Callable[[Candidate], float] | None = None,
+) -> Candidate | None:
     """Pop the request to give up: the most remaining work per weight**power. With
     ``shield0``, a priority-0 pick is swapped, one miss for one miss, for the lower-priority
     request with the most work per weight whose remaining work alone covers ``excess`` (s);
-    failing that, for an equal priority-0 one due later (the earlier one is nearer done)."""
+    failing that, for an equal priority-0 one due later (the earlier one is nearer done).
+    ``spare0`` (a function of the priority-0 pick, or None): the seconds of the overrun that
+    are forecast lower-priority arrivals due before the pick — work the same swap will give
+    up for it once it has arrived; when no present lower-priority request can be swapped and
+    ``excess`` is within it, nobody is set aside, not even an equal priority-0 one (None,
+    the heap unchanged)."""
     victim = heapq.heappop(heap)
     if not shield0 or victim[2].req.priority != 0:
         return victim[2]
     swaps = [e for e in heap if e[2].req.priority > 0 and e[2].rem >= excess]
     if swaps:
         swap = min(swaps)
+    elif spare0 is not None and excess <= spare0(victim[2]):
+        heapq.heappush(heap, victim)
+        return None
     else:
         swaps = [e for e in heap if e[0] == victim[0] and e[1] > victim[1]]
         if not swaps:

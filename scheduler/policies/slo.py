@@ -13,7 +13,11 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
-   equal priority-0 request due later (``shield0``). So is a request that cannot finish in
+   equal priority-0 request due later (``shield0``). With ``forecast_shield0`` (an option,
+   off), when no present lower-priority request covers the overrun but the forecast
+   lower-priority arrivals due before the priority-0 pick do, nobody is set aside: those
+   arrivals are work the same swap gives up for it once they are present, so they take
+   nothing from it. So is a request that cannot finish in
    time even alone. Late requests are never dropped, and stay late: they join the *late
    lane* (6.), and also run whenever nothing on time is runnable (2.).
 2. **Run the earliest deadline** (``order="edf"``, default). Among on-time requests the
@@ -38,7 +42,12 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 3. **Batch when it pays.** Requests of the same model join the step while the cost model
    says the step grows by less than ``1 - min_gain`` of the joiner's own step time, and
    after the longer step every on-time request is still as feasible (deadline order,
-   remaining work) as after a step of the head alone. Decided step by step: a batch keeps
+   remaining work) as after a step of the head alone; with ``join_margin0`` > 0 (an
+   option, 0 by default) an on-time priority-0 request must also keep slack of at least
+   that fraction of its remaining work (or what the head alone would leave it, if less),
+   so a joiner does not take a priority-0 request's last seconds before the device's
+   timing error shows (docs/results/scheduler.md, Session 8: +0.15 to +3.25 points p0 on
+   seed-mix, held-out and gamma, −0.05 on the demo traces). Decided step by step: a batch keeps
    going while the slack allows, then members continue alone.
 4. **Memory.** A request starts only if its pages fit; otherwise paused requests are moved
    to the host (late ones first, then latest deadline) — the transfer time is part of the
@@ -96,6 +105,10 @@ class SloPolicy(Policy):
     * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
+    * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
+      lower-priority arrivals cover (step 1; off: +0.15 point p0, −0.02 to −0.12 overall);
+    * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
+      on-time priority-0 request (step 3; 0, the default: any slack down to zero);
     * ``alive_first`` — with ``order="edf"``, late requests still able to finish in time alone
       run first in spare time (on); ``order="fifo"`` runs the oldest first;
     * ``rescue0`` (0 = off) and ``rescue_guard`` — the targeted promotion of an at-risk
@@ -141,6 +154,7 @@ class SloPolicy(Policy):
         give_up_power: float = 2.0,
         protect: float = 0.0,
         shield0: bool = True,
+        forecast_shield0: bool = False,
         rescue0: float = 0.5,
         rescue_guard: float = 10.0,
         alive_first: bool = True,
@@ -157,6 +171,7 @@ class SloPolicy(Policy):
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
+        join_margin0: float = 0.0,
         order: str = "edf",
         order_margin: float = 0.7,
         batching: bool = True,
@@ -176,6 +191,10 @@ class SloPolicy(Policy):
         self.give_up_power = give_up_power
         self.protect = protect
         self.shield0 = shield0
+        if forecast_shield0 and (not forecast or forecast_by_priority):
+            raise ValueError("forecast_shield0 needs forecast=True and forecast_by_priority="
+                             "False (it spares the lower-priority forecast charged to priority 0)")
+        self.forecast_shield0 = forecast_shield0
         self.rescue0 = rescue0
         self.rescue_guard = rescue_guard
         self.alive_first = alive_first
@@ -188,6 +207,9 @@ class SloPolicy(Policy):
         if not 0.0 <= packing <= 1.0:
             raise ValueError(f"packing must be in [0, 1], got {packing!r}")
         self.packing = packing
+        if not join_margin0 >= 0:
+            raise ValueError(f"join_margin0 must be >= 0, got {join_margin0!r}")
+        self.join_margin0 = join_margin0
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         if not order_margin >= 0:
@@ -282,6 +304,11 @@ class SloPolicy(Policy):
                 ontime.append(c)
         ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
         heap: list[tuple[float, int, Candidate]] = []
+        spare0 = None
+        if self.forecast_shield0:
+            def spare0(v: Candidate) -> float:
+                d = v.req.deadline - now
+                return self.forecast.work_before(d, now, 2) - self.forecast.work_before(d, now, 0)
         work = 0.0
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
@@ -291,7 +318,9 @@ class SloPolicy(Policy):
             while heap and work > (
                 cap := self._capacity(c.req.deadline - now, now, c.req.priority)
             ):
-                victim = set_aside(heap, work - cap, self.shield0)
+                victim = set_aside(heap, work - cap, self.shield0, spare0)
+                if victim is None:  # the overrun is forecast work that yields to priority 0
+                    break
                 victim.late = True
                 fresh.append(victim)
                 self._skip.discard(victim.req.id)
@@ -495,7 +524,9 @@ class SloPolicy(Policy):
         self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate]
     ) -> bool:
         """After one step of ``batch`` (``step`` seconds), is every on-time request at least as
-        feasible as after one step of the head alone (deadline order, remaining work)?"""
+        feasible as after one step of the head alone (deadline order, remaining work), or
+        left with slack of at least 0 — for priority 0, ``join_margin0`` × its remaining
+        work (s)?"""
         head, members = batch[0], {id(c): c for c in batch}
         work_b = work_h = 0.0
         for c in ontime:
@@ -505,7 +536,8 @@ class SloPolicy(Policy):
             delta = c.req.deadline - now
             after_batch = self._capacity(delta - step, now, c.req.priority) - work_b
             after_head = self._capacity(delta - head.tau, now, c.req.priority) - work_h
-            if after_batch < min(0.0, after_head) - 1e-9:
+            keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
+            if after_batch < min(keep, after_head) - 1e-9:
                 return False
         return True
 

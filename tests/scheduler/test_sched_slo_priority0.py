@@ -105,3 +105,72 @@ def test_explain_misses_reports_what_ran_in_the_window():
     assert miss["ran"] == {"512² p1 due after": pytest.approx(2.0)}
     # slo preempts A at its first step boundary (1 s) and B finishes at 2 s: no miss.
     assert explain_misses(sc, "slo", 0.0) == []
+
+
+def test_a_joiner_leaves_a_priority0_request_its_margin():
+    # P (priority 0): 10 steps of 1 s, due at 11.25 s (slack 1.25 s); J (priority 2) far
+    # due. A pair steps in 1.5 s: each join takes 0.5 s of P's slack. Margin 0: J joins at
+    # 0 s (P's slack after it 0.75 >= 0) and 1.5 s (0.25 >= 0), then not (-0.25); P alone
+    # until 11.0 s. Margin 0.2: a join must leave P slack of 0.2 × its remaining work (or
+    # what P alone would keep, if less). While P runs alone a join would leave 0.75 s:
+    # refused with 4 or more steps left (0.8 > 0.75), taken at 7 s (3 left: 0.6); at 8.5 s
+    # a join would leave 0.25 < min(0.4, 0.75), refused; at 9.5 s 0.25 >= min(0.2, 0.75),
+    # taken. Both finish P at 11.0 s without noise.
+    from ditmem.scheduler.experiment import _Recording
+    from ditmem.scheduler.noise import TimingNoise
+
+    def run(margin, bias):
+        cost = table_cost(batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.5}])
+        reqs = [
+            req("P", 0.0, steps=10, priority=0, slo_ms=11_250, cost=cost),
+            req("J", 0.0, steps=10, priority=2, slo_ms=100_000, cost=cost),
+        ]
+        pol = _Recording(make_policy("slo", cost, forecast=False, join_margin0=margin))
+        res = simulate(reqs, pol, page_bytes=PAGE, noise=TimingNoise(sigma=0.0, bias=bias))
+        pairs = [start for start, _, batch in pol.steps if len(batch) == 2]
+        p = next(r for r in res.records if r.request.id == "P")
+        return pairs, p.finished, p.met
+
+    early, p_end, _ = run(0.0, 0.0)
+    assert early == pytest.approx([0.0, 1.5]) and p_end == pytest.approx(11.0)
+    late, p_end, _ = run(0.2, 0.0)
+    assert late == pytest.approx([7.0, 9.5]) and p_end == pytest.approx(11.0)
+    # The device 3 % slower than the profile: the early joins spend P's slack before the
+    # error shows, and P misses (2 × 1.545 + 8 × 1.03 = 11.33 s > 11.25 s before the
+    # correction catches up); with the margin the joins wait until the online correction
+    # has seen 7 slow steps, one join is left (8.24 s) and P finishes in time.
+    assert run(0.0, 0.03)[2] is False
+    pairs, p_end, met = run(0.2, 0.03)
+    assert met and pairs == pytest.approx([8.24]) and p_end < 11.25
+    with pytest.raises(ValueError, match="join_margin0"):
+        make_policy("slo", table_cost(), join_margin0=-0.1)
+
+
+def test_forecast_shield0_keeps_a_priority0_request_the_forecast_would_give_up():
+    cost = table_cost()
+
+    def late_at_10(arrival_priority: int, **kw) -> bool:
+        eng = HandEngine(cost)
+        # Four 1 s requests with 3 s windows arrived at 5-6.5 s: the forecast learns 4 s of
+        # work per 5 s span due within 3 s of arriving, i.e. 0.8 × (5 - 3) = 1.6 s expected
+        # ahead of a deadline 5 s away. At 10 s they are lost (late, outside the give-up heap).
+        for i, t in enumerate((5.0, 5.5, 6.0, 6.5)):
+            eng.arrive(req(f"F{i}", t, steps=1, priority=arrival_priority, slo_ms=3_000,
+                           cost=cost))
+        # L (priority 0) needs 4 s by 15 s: 4 + 1.6 > 5, an excess of 0.6 s, and no present
+        # request to swap it for.
+        eng.arrive(req("L", 10.0, steps=4, priority=0, slo_ms=5_000, cost=cost))
+        pol = make_policy("slo", cost, **kw)
+        pol.schedule(10.0, eng.view())
+        return "L" in pol.lane.ids()
+
+    # Default: the forecast's 1.6 s gives L up.
+    assert late_at_10(2)
+    # The forecast arrivals are priority 2: the 0.6 s excess is within their 1.6 s, work the
+    # shield would give up for L once present — L stays on time.
+    assert not late_at_10(2, forecast_shield0=True)
+    # Forecast priority-0 arrivals outrank nobody: L is given up either way.
+    assert late_at_10(0, forecast_shield0=True)
+    for bad in ({"forecast": False}, {"forecast_by_priority": True}):
+        with pytest.raises(ValueError, match="forecast_shield0"):
+            make_policy("slo", cost, forecast_shield0=True, **bad)
