@@ -37,8 +37,18 @@ from .topology import Group
 #: group, a peer copy between groups, between groups through the host (offload + restore),
 #: a park on the host.
 MOVE_KINDS = ("restore", "peer", "host", "offload")
+#: Bytes per decoded pixel of a tile sent back to the blending device (3 float32 channels).
+TILE_BYTES_PER_PIXEL = 12
 #: Move commands per kind (each pays ``Links.move_latency_s``).
 _COMMANDS = {"restore": 1, "peer": 1, "host": 2, "offload": 1}
+
+
+def split_tiles(tiles: int, devices: int) -> list[list[int]]:
+    """The tile indices (row-major, as ``TiledDecode`` numbers them) each of ``devices``
+    devices decodes when one decode is spread over them: tile t on the (t mod k)-th, k =
+    min(devices, tiles). The simulator's price and the node engine's split share it."""
+    k = max(1, min(devices, tiles))
+    return [list(range(i, tiles, k)) for i in range(k)]
 
 
 def move_mask(src: Group | None, dst: Group | None) -> int:
@@ -129,6 +139,24 @@ class NodeCost:
         rest = (request.steps - steps_done) * self.alone_step(request, degree)
         rest += self.cost.decode_time(request)
         return rest + (self.cost.encode_time(request) if steps_done == 0 else 0.0)
+
+    def decode_parts(self, request: Request, devices: int = 1) -> tuple[list[float], float]:
+        """(seconds of each device's tiles, seconds of the blend after them) of ``request``'s
+        decode with its tiles spread over ``devices`` devices (tile t on the t mod k-th,
+        :func:`split_tiles`; k = min(devices, tiles)). The first device, the decode's lane,
+        also blends: the other devices' tiles come back to it through host memory
+        (``TILE_BYTES_PER_PIXEL`` per pixel of their share of the image over the host link)
+        and three commands pay the links' fixed latency (the latent shared, the tiles, the
+        blend). One device or one tile: ``([whole decode], 0.0)``."""
+        tiles = self.cost.decode_tiles(request)
+        k = min(devices, len(tiles))
+        if k <= 1:
+            return [sum(tiles)], 0.0
+        parts = [sum(tiles[i::k]) for i in range(k)]
+        others = 1.0 - parts[0] / sum(tiles)
+        pixels = request.width * request.height * request.frames
+        moved = pixels * others * TILE_BYTES_PER_PIXEL / self.links.host_bytes_per_s
+        return parts, moved + 3 * self.links.move_latency_s
 
     def standalone(self, request: Request, degree: int = 1) -> float:
         return self.remaining(request, 0, degree)

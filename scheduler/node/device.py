@@ -61,6 +61,8 @@ class Job:
     moves: list[Move] = field(default_factory=list)
     encodes: list[Request] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
+    #: spread each decode's tiles over the group's spare devices (``decode_devices``)
+    split_decodes: bool = False
 
 
 @dataclass(slots=True)
@@ -130,6 +132,38 @@ def lane_ends(group: Group, durations: list[float]) -> tuple[list[float], dict[i
     for d, secs in zip(decode_lanes(group, len(durations)), durations, strict=True):
         clock[d] += secs
         ends.append(clock[d])
+    return ends, clock
+
+
+def decode_devices(group: Group, decodes: int, split: bool = False) -> list[tuple[int, ...]]:
+    """The devices of each of a job's ``decodes`` decodes, its lane (:func:`decode_lanes`)
+    first. With ``split`` and fewer decodes than devices, the spare devices join them:
+    device ``group.devices[j]`` works on decode j mod ``decodes`` (a lone decode on a pair
+    runs on both), each decode's tiles spread over its devices (``cost.split_tiles``), the
+    lane blending them; otherwise one device each."""
+    if not split or not 0 < decodes < group.degree:
+        return [(d,) for d in decode_lanes(group, decodes)]
+    return [tuple(group.devices[i::decodes]) for i in range(decodes)]
+
+
+def decode_ends(group: Group, parts: list[tuple[list[float], float]], split: bool = False
+                ) -> tuple[list[float], dict[int, float]]:
+    """(each decode's end, each device's end) after a job's last step, in seconds from it.
+    ``parts[i]``: decode i's (seconds of each of its devices' tiles, blend seconds), as
+    ``NodeCost.decode_parts`` prices it over its :func:`decode_devices`. A decode on one
+    device runs its whole (``sum`` + blend) in lane order (:func:`lane_ends`); a split one
+    ends when its slowest device's tiles and then the lane's blend do, each of its other
+    devices when its own tiles end (a device with no work: 0)."""
+    sets = decode_devices(group, len(parts), split)
+    if all(len(ds) == 1 for ds in sets):
+        return lane_ends(group, [sum(p) + b for p, b in parts])
+    clock = dict.fromkeys(group.devices, 0.0)
+    ends = []
+    for ds, (secs, blend) in zip(sets, parts, strict=True):
+        for d, s in zip(ds, secs, strict=False):
+            clock[d] = s
+        clock[ds[0]] = max(secs) + blend
+        ends.append(clock[ds[0]])
     return ends, clock
 
 
@@ -225,9 +259,13 @@ class _VirtualJob(JobStages):
         return [r.id for r in job.decodes]
 
     def decode(self, rids: list[str]) -> None:
-        cost, draw = self.truth.cost, self.draw
-        durations = [draw(cost.decode_time(r)) for r in self.job.decodes]
-        self.decode_ends, self.device_ends = lane_ends(self.job.group, durations)
+        job, draw = self.job, self.draw
+        sets = decode_devices(job.group, len(job.decodes), job.split_decodes)
+        parts = []
+        for r, ds in zip(job.decodes, sets, strict=True):
+            secs, blend = self.truth.decode_parts(r, len(ds))
+            parts.append(([draw(s) for s in secs], draw(blend) if blend else 0.0))
+        self.decode_ends, self.device_ends = decode_ends(job.group, parts, job.split_decodes)
         self.timings.decode_s = max(self.device_ends.values(), default=0.0)
 
 
@@ -278,6 +316,10 @@ class VirtualDevices:
             self._push(Completion(job, now, now + t.total, t))
             return
         stepped = now + t.total - t.decode_s
+        sets = decode_devices(job.group, len(job.decodes), job.split_decodes)
+        if any(len(ds) > 1 for ds in sets):
+            self._push_split(job, now, stepped, t, stages)
+            return
         lanes = decode_lanes(job.group, len(job.decodes))
         idle = tuple(d for d in job.group.devices if d not in lanes)
         self._push(Completion(job, now, stepped, t, idle, stepped=True, last=False))
@@ -289,6 +331,23 @@ class VirtualDevices:
             end = max(end, stepped + secs)
             self._push(Completion(job, now, stepped + secs, t, freed, (r.id,), last=False))
         self._push(Completion(job, now, end, t))  # with the last decode, not before it
+
+    def _push_split(self, job: Job, now: float, stepped: float, t: Timings,
+                    stages: _VirtualJob) -> None:
+        """A split job's events: its last step's end (devices with no work handed back),
+        each device's end with its tiles (a lane's: with its decode's blend, the request
+        done), and the job's end."""
+        ends = stages.device_ends
+        idle = tuple(d for d in job.group.devices if ends[d] == 0.0)
+        self._push(Completion(job, now, stepped, t, idle, stepped=True, last=False))
+        lane_of = {ds[0]: r for r, ds in zip(
+            job.decodes, decode_devices(job.group, len(job.decodes), True), strict=True)}
+        for d in job.group.devices:
+            if ends[d] == 0.0:
+                continue
+            done = (lane_of[d].id,) if d in lane_of else ()
+            self._push(Completion(job, now, stepped + ends[d], t, (d,), done, last=False))
+        self._push(Completion(job, now, stepped + max(ends.values()), t))
 
     def _push(self, done: Completion) -> None:
         self._seq += 1  # same time: in the order pushed

@@ -20,7 +20,16 @@ from ..queue import WaitingQueue
 from ..request import Request
 from ..simulator import PlanError, Record
 from .cost import NodeCost, busy_until, move_mask
-from .device import Completion, Job, Move, NodeDevices, VirtualDevices, decode_lanes, lane_ends
+from .device import (
+    Completion,
+    Job,
+    Move,
+    NodeDevices,
+    VirtualDevices,
+    decode_devices,
+    decode_ends,
+    decode_lanes,
+)
 from .intake import NodeIntake, TraceIntake
 from .plan import Assignment, NodeStatus, NodeView
 from .topology import Group, Node
@@ -168,6 +177,8 @@ def run_node(
     cancelling: set[str] = set()
     lost = 0
     changed = True
+    # the policy's choice (a policy object need not derive from NodePolicy)
+    split = bool(getattr(policy, "split_decodes", False))
 
     def launch(a: Assignment) -> None:
         nonlocal jobs
@@ -213,7 +224,7 @@ def run_node(
             raise PlanError(f"assignment on {g}: {a.steps} steps exceed a member's steps left")
         decodes = [s.request for s in members if s.steps_left == a.steps]
         job = Job(jobs, g, [s.request for s in members], a.steps if members else 0,
-                  moves, encodes, decodes)
+                  moves, encodes, decodes, split)
         stepped, device_ends, decode_ends, sends = _predict(policy.ncost, job, st.busy, now)
         for d, until in sends.items():
             st.sends[d] = max(st.sends[d], until)
@@ -375,7 +386,8 @@ def _predict(
 ) -> tuple[float, dict[int, float], list[float], dict[int, float]]:
     """When the policy's model says ``job``, launched at ``now``, ends its last step;
     when each of its devices is done with it (its decodes after that step, on their
-    ``decode_lanes`` devices); when each decode ends (``job.decodes`` order); until when
+    ``decode_devices``: a lane each, or split over the spare devices); when each decode
+    ends (``job.decodes`` order); until when
     its moves read from devices outside its group. Each move's ``kind`` and
     ``predicted_s`` are set. ``busy`` (per device, when its current work ends as
     predicted) gives the waits: the job's group still sending another job's move, a
@@ -400,7 +412,9 @@ def _predict(
     if job.batch:
         tokens = [cost.tokens(r) for r in job.batch]
         clock += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)
-    decodes, devices = lane_ends(job.group, [cost.decode_time(r) for r in job.decodes])
+    sets = decode_devices(job.group, len(job.decodes), job.split_decodes)
+    parts = [ncost.decode_parts(r, len(ds)) for r, ds in zip(job.decodes, sets, strict=True)]
+    decodes, devices = decode_ends(job.group, parts, job.split_decodes)
     return (clock, {d: clock + e for d, e in devices.items()}, [clock + e for e in decodes],
             sends)
 

@@ -14,6 +14,8 @@ class NodePolicy:
     report names it)."""
 
     name = "base"
+    #: whether the loop spreads a job's decodes over its spare devices (``Job.split_decodes``)
+    split_decodes = False
 
     def __init__(self, ncost: NodeCost, node: Node):
         self.ncost = ncost

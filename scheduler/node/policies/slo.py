@@ -150,7 +150,9 @@ class NodeSloPolicy(NodePolicy):
     ``decode_guard`` (long decodes: see the module docstring),
     ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
-    (step 0)."""
+    (step 0), ``split_decodes`` (a job with fewer decodes than devices spreads each
+    decode's tiles over the spare ones: ``node.device.decode_devices``; its last job is
+    then priced with the split decode)."""
 
     name = "slo"
 
@@ -182,8 +184,10 @@ class NodeSloPolicy(NodePolicy):
         guard_margin: float = 0.05,
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
+        split_decodes: bool = False,
     ):
         super().__init__(ncost, node)
+        self.split_decodes = split_decodes
         self.window = window
         self.give_up_power = give_up_power
         self.forecast = ArrivalForecast() if forecast else None
@@ -436,7 +440,17 @@ class NodeSloPolicy(NodePolicy):
     def _job_s(self, c: _Cand, degree: int) -> float:
         """Predicted seconds of ``c``'s next job alone at ``degree``: one step, and its
         decode (on one device of the group, its decode lane) when that step is its last."""
-        return c.step(self.node.degrees.index(degree)) + (c.dec if c.steps_left == 1 else 0.0)
+        if c.steps_left != 1:
+            return c.step(self.node.degrees.index(degree))
+        return c.step(self.node.degrees.index(degree)) + self._decode_s(c, degree)
+
+    def _decode_s(self, c: _Cand, degree: int) -> float:
+        """Seconds of ``c``'s decode after a last step alone at ``degree``: on one device,
+        or with ``split_decodes`` its tiles over the group and the lane's blend."""
+        if not self.split_decodes or degree == 1:
+            return c.dec
+        parts, blend = self.ncost.decode_parts(c.req, degree)
+        return max(parts) + blend
 
     def _holds_back(self, placer: Placer, c: _Cand, g: Group) -> bool:
         """``decode_guard``: whether ``c``'s next job on ``g`` must wait, because while it

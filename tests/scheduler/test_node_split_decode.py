@@ -1,0 +1,119 @@
+"""A decode spread over its job's spare devices, tile by tile (``split_decodes``).
+Hand-computed.
+
+Profile (node_factories) plus a tile geometry: 512-px tiles with a 512-px stride, 1 s a
+tile, so a 1024² decodes as 2 × 2 tiles of 1 s (4 s on one device) and a 512² as one tile
+(whole; its per-megapixel time is 0 here). A 1024² steps in 4 s at degree 1, 2 s at degree
+2; a 512² in 1 s. Host link 1.2 GB/s, 1 ms per command.
+"""
+
+import pytest
+from node_factories import by_id, node_profile, run
+from sched_factories import _v, req
+
+from ditmem.scheduler import CostModel
+from ditmem.scheduler.node.cost import NodeCost, split_tiles
+from ditmem.scheduler.node.device import decode_devices, decode_ends
+from ditmem.scheduler.node.topology import Group
+
+HOST = 1.2e9
+LATENCY = 0.001
+#: the blend of a 1024² split over two devices: the second device's half of the pixels (12
+#: bytes each) over the host link, and three commands
+BLEND = 1024 * 1024 * 0.5 * 12 / HOST + 3 * LATENCY
+
+
+def _cost() -> NodeCost:
+    prof = node_profile(host=HOST, move_latency=LATENCY)
+    model = prof["models"]["qwen-image"]
+    model.update(decode_tile_px=_v(512), decode_stride_px=_v(512), decode_tile_s=_v(1.0))
+    return NodeCost(CostModel.from_dict(prof))
+
+
+def test_tiles_round_robin_and_each_decode_gets_its_spare_devices():
+    assert split_tiles(25, 2) == [list(range(0, 25, 2)), list(range(1, 25, 2))]
+    assert split_tiles(1, 4) == [[0]]
+    assert split_tiles(3, 4) == [[0], [1], [2]]
+    four = Group(4, 0)
+    assert decode_devices(four, 1, True) == [(0, 1, 2, 3)]
+    assert decode_devices(four, 2, True) == [(0, 2), (1, 3)]
+    assert decode_devices(four, 3, True) == [(0, 3), (1,), (2,)]
+    assert decode_devices(four, 4, True) == [(0,), (1,), (2,), (3,)]
+    assert decode_devices(four, 2, False) == [(0,), (1,)]
+
+
+def test_decode_parts_and_ends_by_hand():
+    nc = _cost()
+    big = req("big", 0, size=1024, steps=4, cost=nc.cost)
+    small = req("small", 0, size=512, steps=4, cost=nc.cost)
+    assert nc.decode_parts(big, 1) == ([4.0], 0.0)
+    parts, blend = nc.decode_parts(big, 2)
+    assert parts == [2.0, 2.0] and blend == pytest.approx(BLEND)
+    assert nc.decode_parts(big, 4) == ([1.0] * 4, pytest.approx(1024**2 * 0.75 * 12 / HOST
+                                                                 + 3 * LATENCY))
+    assert nc.decode_parts(small, 4) == ([0.0], 0.0)  # one tile: whole, on its lane
+    # device 0 blends after its own tiles; device 1 is done with its tiles
+    ends, devices = decode_ends(Group(2, 0), [(parts, blend)], split=True)
+    assert ends == [pytest.approx(2.0 + BLEND)]
+    assert devices == {0: pytest.approx(2.0 + BLEND), 1: 2.0}
+    # two decodes on four devices: each on a pair; device 3's tiles end at 0.5
+    ends, devices = decode_ends(Group(4, 0), [([1.0, 1.5], 0.25), ([3.0, 0.5], 0.25)], True)
+    assert ends == [1.75, 3.25]
+    assert devices == {0: 1.75, 1: 3.25, 2: 1.5, 3: 0.5}
+    # without the split: lanes, whole decodes in order
+    ends, devices = decode_ends(Group(2, 0), [([4.0], 0.0)], split=False)
+    assert ends == [4.0] and devices == {0: 4.0, 1: 0.0}
+
+
+def test_lone_1024_decodes_on_both_devices_and_the_second_goes_back_with_its_tiles():
+    """A lone 1024² (4 steps at degree 2: 8 s) then its decode: split, 2 s of tiles on
+    each device, then the blend on device 0: done at 10 s + blend; unsplit: 8 + 4 s. A
+    512² arriving at 10 s runs on device 1 at once with the split (device 1's tiles ended
+    at 10 s): done at 11 s; unsplit device 1 is free from 8 s too: also 11 s."""
+    nc = _cost()
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", 10.0, size=512, steps=1, cost=nc.cost)]
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
+    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False))
+    assert split["big"].degrees == {2: 4} and whole["big"].degrees == {2: 4}
+    assert split["big"].finished == pytest.approx(10.0 + BLEND)
+    assert whole["big"].finished == pytest.approx(12.0)
+    assert split["small"].degrees == {1: 1}
+    assert split["small"].finished == pytest.approx(11.0)
+    assert whole["small"].finished == pytest.approx(11.0)
+
+
+def test_a_small_request_waits_for_the_spare_device_until_its_tiles_end():
+    """The same 1024² and a 512² arriving at 9 s: with the split both devices decode until
+    10 s (device 1 back at 10 s, device 0 after the blend), so the 512² starts at 10 s and
+    is done at 11 s; unsplit, device 1 is free from 8 s: done at 10 s. (The split trades
+    the small request's second for the large one's two.)"""
+    nc = _cost()
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", 9.0, size=512, steps=1, cost=nc.cost)]
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
+    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False))
+    assert split["small"].finished == pytest.approx(11.0)
+    assert split["big"].finished == pytest.approx(10.0 + BLEND)
+    assert whole["small"].finished == pytest.approx(10.0)
+    assert whole["big"].finished == pytest.approx(12.0)
+
+
+def test_one_tile_decodes_are_unchanged_by_the_split():
+    """512² requests decode whole (one tile): the split changes nothing, noise on."""
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+
+    prof = node_profile(host=HOST, move_latency=LATENCY, decode_s_per_mp=4.0)
+    nc = NodeCost(CostModel.from_dict(prof))
+    rs = [req(f"r{i}", 0.7 * i, size=512, steps=3, cost=nc.cost) for i in range(12)]
+    out = []
+    for split in (False, True):
+        nc = NodeCost(CostModel.from_dict(prof))
+        node = Node(2, nc.links)
+        pol = make_node_policy("slo", nc, node, split_decodes=split)
+        res = simulate_node(rs, pol, node, noise=TimingNoise(sigma=0.03, seed=1))
+        out.append([(r.request.id, r.finished, r.degrees) for r in res.records])
+    assert out[0] == out[1]
