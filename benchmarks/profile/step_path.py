@@ -14,7 +14,8 @@ Per round:
    that profile (``ditmem demo``'s replay path): per shape, the engine's step seconds
    (``StepReport.step_s``: the model call only) beside the profile's; the engine's own
    host work per iteration (the policy's decision ``schedule_s``, and the stages' wall
-   minus the ops they timed), which no kind of the accuracy report counts;
+   minus the ops they timed), which no kind of the accuracy report counts; each step by
+   what came before it (another step of the request, an encode or decode, an idle wait);
 4. ``profile`` again: what the machine's drift did meanwhile (1 vs 4 brackets the replay).
 
     .venv/bin/python benchmarks/profile/step_path.py --rounds 2 --requests 40 \\
@@ -104,17 +105,31 @@ def replay_fifo(gen, profile_path: str, args) -> dict:
     policy, pcost = make_policy_and_cost("fifo", profile_path)
     tile = (256, 224)  # the demo's decode tile: fifo decodes whole, inline, as in the demo
     per_tokens: dict[int, list] = {}
+    after: dict[str, dict[int, list]] = {"step": {}, "other": {}, "idle": {}}
     stage_wall, stage_ops, batches = [0.0], [0.0], []
+    last = {"end": None, "kind": None}
 
     def on_report(rep):
         now = time.perf_counter()
         ops = rep.step_s + rep.encode_s + rep.decode_s + rep.transfer_s
         stage_wall[0] += now - rep.now
         stage_ops[0] += ops
+        gap = None if last["end"] is None else rep.now - last["end"]
         if rep.batch and rep.step_s > 0:
             batches.append(len(rep.batch))
             if len(rep.batch) == 1:
                 per_tokens.setdefault(rep.tokens[0], []).append(rep.step_s)
+                # what came before this step: an idle wait (> 2 ms with no work), another
+                # op in the same iteration or the last (encode / decode), or a step
+                if gap is not None and gap > 0.002:
+                    kind = "idle"
+                elif rep.encode_s or rep.transfer_s or last["kind"] != "step":
+                    kind = "other"
+                else:
+                    kind = "step"
+                after[kind].setdefault(rep.tokens[0], []).append(rep.step_s)
+        last["end"] = now
+        last["kind"] = "decode" if rep.decode_s else ("step" if rep.step_s else "other")
 
     pool, host = make_pools(config, "cpu")
     warm_up(gen, trace, pool)
@@ -129,7 +144,9 @@ def replay_fifo(gen, profile_path: str, args) -> dict:
     stats = engine.stats()
     engine.stop()
     steps = {n: {"run_median_s": statistics.median(v), "run_mean_s": statistics.mean(v),
-                 "steps": len(v), "profile_s": cost.step_time("qwen-image", [n])}
+                 "steps": len(v), "profile_s": cost.step_time("qwen-image", [n]),
+                 **{f"after_{k}": {"median_s": statistics.median(a[n]), "steps": len(a[n])}
+                    for k, a in after.items() if a.get(n)}}
              for n, v in sorted(per_tokens.items())}
     enc = [t.encode_s for _, t in timings]
     dec = [(r, t.decode_s) for r, t in timings]
@@ -193,6 +210,10 @@ def main() -> None:
             b, a = before["steps"][n], after["steps"][n]
             print(f"  {n:6d} {1e3 * b:7.2f}m {1e3 * a:7.2f}m {1e3 * s['run_median_s']:7.2f}m "
                   f"{s['run_median_s'] / b:8.3f} {s['run_median_s'] / a:9.3f} {s['steps']:6d}")
+            print("         " + "; ".join(
+                f"after {k}: {1e3 * s[f'after_{k}']['median_s']:.2f} ms x "
+                f"{s[f'after_{k}']['steps']}" for k in ("step", "other", "idle")
+                if f"after_{k}" in s))
         host = rep["stage_wall_s"] - rep["stage_ops_s"]
         print(f"  engine host work: decisions {rep['schedule_s']:.2f} s + stages' untimed part "
               f"{host:.2f} s over {rep['iterations']} iterations, against "

@@ -58,7 +58,7 @@ _PREFIX = "profile-on-workers"
 
 def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
                        repeats: int = 3, tile: tuple[int, int] | None = None,
-                       at_once: bool = True) -> dict:
+                       at_once: bool = True, encode_order: str = "back-to-back") -> dict:
     """Measure the single-device numbers the replays use on the node's own workers, through
     the engine's commands as a replay times them (engine-side wall time: the worker's work
     and the control path), and write them into ``profile["models"][key]``: the step table
@@ -73,7 +73,10 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     ``{"before", "after"}`` (the replaced numbers: ``steps`` {(tokens, batch): s},
     ``encode_s``, ``decode_tile_s``) and ``checks`` (each measurement's passes)."""
     from ditmem.models.common.request import GenerationRequest
-    from ditmem.tools.profile import checked_median, stability_note, timed
+    from ditmem.tools.profile import ENCODE_ORDERS, checked_median, stability_note, timed
+
+    if encode_order not in ENCODE_ORDERS:
+        raise ValueError(f"encode_order: one of {ENCODE_ORDERS}, got {encode_order!r}")
 
     section = profile["models"][key]
     points = section["step"]["points"]["value"]
@@ -99,9 +102,10 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     between: dict[int, str] = {}  # per device, a request stepped before each timed encode
 
     def encode_once(side: int, device: int) -> float:
-        if device not in between:
-            between[device] = encode(sides[len(sides) // 2], device, 1000)
-        node.step([((device,), [between[device]])])  # the run's order: after a step
+        if encode_order == "after-step":
+            if device not in between:
+                between[device] = encode(sides[len(sides) // 2], device, 1000)
+            node.step([((device,), [between[device]])])
         t0 = time.perf_counter()
         rid = encode(side, device, 1000)
         dt = time.perf_counter() - t0
@@ -153,8 +157,8 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     for rid in between.values():
         node.release(rid)
     enc = statistics.median(encodes)
-    section["encode_s"] = {"value": enc, "source": how + "; each encode right after a step "
-                           "of another request, as a replay meets it"}
+    section["encode_s"] = {"value": enc, "source": how + ("; each encode right after a step "
+                           "of another request" if encode_order == "after-step" else "")}
     after = {"steps": {(p["tokens"], p["batch"]): p["seconds"] for p in new_points},
              "encode_s": enc, "decode_tile_s": None}
     if tile is not None:

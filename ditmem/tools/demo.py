@@ -32,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "development machine's trace), or a profile name")
     p.add_argument("--profile-out", default="demo_profile.json",
                    help="where the measured profile is saved (with --profile measure)")
+    p.add_argument("--profile-encodes", choices=("back-to-back", "after-step"),
+                   default="back-to-back",
+                   help="with --profile measure: time the profile's encodes back to back "
+                        "(default) or each right after a step of another request, the order "
+                        "a run meets them in (an option: not yet shown to match the runs "
+                        "better; docs/results/profile.md)")
     p.add_argument("--workload", default="seed-mix")
     p.add_argument("--load", type=float, default=0.8, help="target load rho")
     p.add_argument("--requests", type=int, default=150)
@@ -96,7 +102,8 @@ def measure_demo_profile(gen, args) -> dict:
                     for s in MIXES[args.workload].shapes})
     return measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
                            page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
-                           decode_tile=decode_tile(args, gen))
+                           decode_tile=decode_tile(args, gen),
+                           encode_order=getattr(args, "profile_encodes", "back-to-back"))
 
 
 def calibrate(gen, args) -> str:

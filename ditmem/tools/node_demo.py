@@ -33,6 +33,7 @@ def _profile(args, node, log) -> dict:
 
     sides = sorted({max(16, s.width // args.divisor // 16 * 16)
                     for s in MIXES[args.workload].shapes})
+    encodes = getattr(args, "profile_encodes", "back-to-back")
     if args.profile == "measure":
         import torch
 
@@ -42,7 +43,8 @@ def _profile(args, node, log) -> dict:
         # batches 1 and 2, 3 repeats: what the node's packed steps need, in ~2 minutes here
         profile = measure_profile(gen, args.model, sides, [1, 2], 3, pool_mb=args.pool_mb,
                                   page_kb=args.page_kb, tool="ditmem demo --devices",
-                                  log=lambda *_: None, decode_tile=args.decode_tile)
+                                  log=lambda *_: None, decode_tile=args.decode_tile,
+                                  encode_order=encodes)
         del gen
     else:
         with open(args.profile) as f:  # a profile JSON (checked in main)
@@ -64,7 +66,7 @@ def _profile(args, node, log) -> dict:
             "run them ...")
         changed = measure_on_workers(node, profile, key, sides, log,
                                      tokens_for=lambda s: tokens_for(key, s, s, 1),
-                                     tile=args.decode_tile)
+                                     tile=args.decode_tile, encode_order=encodes)
         for line in describe_remeasure(changed):
             log(line)
     check_against_profile(rows, profile, key, log)

@@ -9,12 +9,14 @@ The profile format has no fixed decode cost, only a per-megapixel rate; the tiny
 large fixed part, so the fixed part is folded into ``encode_s`` (both happen once per
 request) and the slope into ``decode_s_per_megapixel`` — standalone times stay exact.
 
-Each op is timed in the order a run meets it: a decode right after its request's last
-step; an encode right after a step of another request (a request is admitted between the
-steps of the others). Back to back, the tiny model's encodes ran x1.4-2.5 faster than
-after another request's step and x1.3-6 faster than after a decode on this CPU, with no
-page faults either way (benchmarks/profile/step_path.py, encode_order.py): the runs'
-encodes read x1.4-2.3 slow against a back-to-back profile.
+A decode is timed right after its request's last step, as a run meets it. Encodes are
+timed back to back by default; ``encode_order="after-step"`` times each right after an
+untimed step of another request instead (a request is admitted between the steps of the
+others). The runs' encodes read x1.4-2.3 slow against the back-to-back profile on the quiet
+machine; on the shared VM one block-by-block comparison put them x1.4-2.5 slower after a
+step, sample-interleaved ones x0.76-1.28 (benchmarks/profile/encode_order.py; no page
+faults either way): not shown to be better, so it is an option (``ditmem demo
+--profile-encodes``), not the default.
 """
 
 from __future__ import annotations
@@ -156,15 +158,22 @@ def _state_bytes(gen, request) -> int:
     return 4 * gen.estimate_pages(request, 4)  # 4-byte pages: pages x 4 = bytes (fp32)
 
 
+ENCODE_ORDERS = ("back-to-back", "after-step")
+
+
 def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
-            frames: int = 1, decode_up_to: int | None = None) -> dict:
+            frames: int = 1, decode_up_to: int | None = None,
+            encode_order: str = "back-to-back") -> dict:
     """Raw measurements: step points, encode, decode per side, state bytes per side.
     ``key`` is the scheduler's model key (token geometry); ``frames`` > 1 for video;
     ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles).
     Every number is a :func:`stable_median` (first call discarded, two passes of
     ``repeats`` samples that agree within ``AGREEMENT``, measured again where they do not);
-    ``checks`` lists each one's passes. An encode sample is timed right after an untimed
-    step of another request (of the middle side), as a run meets it."""
+    ``checks`` lists each one's passes. ``encode_order="after-step"``: each encode sample
+    right after an untimed step of another request (of the middle side), as a run meets
+    it; "back-to-back" (default): after the previous sample."""
+    if encode_order not in ENCODE_ORDERS:
+        raise ValueError(f"encode_order: one of {ENCODE_ORDERS}, got {encode_order!r}")
     from ditmem.models.common.request import GenerationRequest
     from ditmem.scheduler.models import tokens_for
     from ditmem.tools.replay import PROMPTS
@@ -182,13 +191,14 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
 
     device = getattr(gen, "device", None)  # the generator's torch device: how to time it
 
-    between: list = []  # another request, stepped before each timed encode (the run's order)
+    between: list = []  # after-step: another request, stepped before each timed encode
 
     def encode_once(side):
-        if not between:
-            between.append(gen.encode(request(sides[len(sides) // 2], next(counter), 1000),
-                                      pool))
-        gen.step([between[0]])
+        if encode_order == "after-step":
+            if not between:
+                between.append(gen.encode(request(sides[len(sides) // 2], next(counter),
+                                                  1000), pool))
+            gen.step([between[0]])
         r = request(side, next(counter), 1000)
         out = []
         dt = timed(lambda: out.append(gen.encode(r, pool)), device)
@@ -310,9 +320,11 @@ def build_profile(m: dict, *, model: str, name: str, pool_mb: float, max_batch: 
 def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str = "cpu-tiny",
                     pool_mb: float = 64.0, max_batch: int = 4, page_kb: int = 64,
                     tool: str = "ditmem profile", log=print, frames: int = 1,
-                    decode_tile: tuple[int, int] | None = (256, 224)) -> dict:
+                    decode_tile: tuple[int, int] | None = (256, 224),
+                    encode_order: str = "back-to-back") -> dict:
     """Measure ``gen`` and return the profile dict (see :func:`build_profile`);
-    ``decode_tile`` (tile, stride) px: also time one decode tile when ``gen`` can tile."""
+    ``decode_tile`` (tile, stride) px: also time one decode tile when ``gen`` can tile;
+    ``encode_order``: see :func:`measure`."""
     from ditmem.memory import PagePool
 
     pool = PagePool(max(16, int(256 * 2**20) // (page_kb * 1024)), page_kb * 1024)
@@ -321,7 +333,8 @@ def measure_profile(gen, model: str, sides, batches, repeats: int, *, name: str 
 
     tiles = decode_tile is not None and supports_tiled_decode(gen)
     m = measure(gen, sides, batches, repeats, pool, log=log, key=scheduler_model(model, gen),
-                frames=frames, decode_up_to=decode_tile[0] if tiles else None)
+                frames=frames, decode_up_to=decode_tile[0] if tiles else None,
+                encode_order=encode_order)
     if tiles:
         tile, stride = decode_tile
         if tile not in m["decode_s"]:

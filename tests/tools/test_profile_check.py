@@ -191,9 +191,10 @@ class FakeNode:
             del self.held[rid]
 
 
-@pytest.mark.parametrize("at_once", [False, True])
+@pytest.mark.parametrize(("at_once", "order"), [(False, "back-to-back"), (True, "back-to-back"),
+                                               (True, "after-step")])
 def test_the_node_demo_measures_steps_encodes_and_decodes_again_on_the_workers(monkeypatch,
-                                                                               at_once):
+                                                                               at_once, order):
     from ditmem.parallel.node_profile import measure_on_workers
     from ditmem.tools.node_demo import describe_remeasure
 
@@ -209,14 +210,16 @@ def test_the_node_demo_measures_steps_encodes_and_decodes_again_on_the_workers(m
     node = FakeNode(clock)
     out = measure_on_workers(node, profile, "qwen-image", [64, 128], lambda m: None,
                              tokens_for=lambda s: (s // 16) ** 2, tile=(64, 48),
-                             at_once=at_once)
+                             at_once=at_once, encode_order=order)
     sec = profile["models"]["qwen-image"]
     pts = {(p["tokens"], p["batch"]): p["seconds"] for p in sec["step"]["points"]["value"]}
     # median over the two devices (x1 and x1.5) = x1.25; the cold first calls discarded
     assert pts == pytest.approx({(16, 1): 0.0125, (16, 2): 0.025, (64, 1): 0.05,
                                  (64, 2): 0.1})
-    # each encode right after a step on its device, as a replay meets it: 3 x 1 ms x 1.25
-    assert sec["encode_s"]["value"] == pytest.approx(0.00375)
+    # after-step: each encode right after a step on its device (3 x 1 ms), median over the
+    # devices (x1.25); back to back 1 ms x 1.25
+    assert sec["encode_s"]["value"] == pytest.approx(0.00375 if order == "after-step"
+                                                     else 0.00125)
     assert sec["decode_tile_s"]["value"] == pytest.approx(0.0625)
     assert sec["decode_s_per_megapixel"]["value"] == pytest.approx(0.0625 / (64 * 64 / 1e6))
     assert "measured on the node's workers" in sec["step"]["points"]["source"]

@@ -197,11 +197,16 @@ class OrderedGen(FakeGen):
         self.last = "decode"
 
 
-def test_measure_times_an_encode_right_after_another_requests_step(monkeypatch):
+@pytest.mark.parametrize(("order", "encode_s"), [("back-to-back", 0.01), ("after-step", 0.03)])
+def test_measure_times_encodes_back_to_back_or_right_after_another_requests_step(
+        monkeypatch, order, encode_s):
     import time
 
     clock = Clock()
     monkeypatch.setattr(time, "perf_counter", clock)
-    m = measure(OrderedGen(clock), [64, 128], [1], 3, pool=None, log=lambda *_: None)
-    assert m["encode_s"] == pytest.approx(0.03)  # back to back it would read 0.01
+    m = measure(OrderedGen(clock), [64, 128], [1], 3, pool=None, log=lambda *_: None,
+                encode_order=order)
+    assert m["encode_s"] == pytest.approx(encode_s)
     assert [p["seconds"] for p in m["steps"]] == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError, match="encode_order"):
+        measure(OrderedGen(clock), [64], [1], 3, pool=None, encode_order="after-decode")
