@@ -48,6 +48,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import time
 import types
 
@@ -280,8 +281,65 @@ def _tail_misses(traces, cost, max_flow, tail_flow, q) -> dict[str, int]:
     return out
 
 
-def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs) -> dict:
-    import math
+def tail_schedule_search(reqs, cost, tail_flow: float, misses: int, above: int,
+                         seconds: float, seed: int = 0, q: float = 99.0) -> dict:
+    """A schedule that exists, searched for the pair "at most ``misses`` misses and the
+    ``q``-th percentile of the flows ≤ ``tail_flow``" (so at most ``above`` flows above it):
+    ``bound.clairvoyant_flows`` (preemptive EDF,
+    batch-1 times, set-aside requests last) on per-request due dates, each one of min(D,
+    A + tail), A + tail, D, or none (late anyway); a random local search over those choices
+    for up to ``seconds``. Returns the best found (its misses, flows above, whether the pair
+    holds, its percentile by ``metrics.percentile``, and the least slack of a limit kept: how much
+    delay, e.g. from not preempting inside a step, it can absorb)."""
+    import random
+
+    from ditmem.scheduler.metrics import percentile
+
+    rng = random.Random(seed)
+    n = len(reqs)
+
+    def evaluate(choice):
+        dues = []
+        for r, c in zip(reqs, choice, strict=True):
+            d, t = r.deadline, r.arrival + tail_flow
+            dues.append((min(d, t), t, d, max(d, t) + 1e6)[c])
+        flows = clairvoyant_flows([dataclasses.replace(r, deadline=x)
+                                   for r, x in zip(reqs, dues, strict=True)], cost)
+        late = sum(r.arrival + f > r.deadline + 1e-9 for r, f in zip(reqs, flows, strict=True))
+        high = sum(f > tail_flow + 1e-9 for f in flows)
+        return late, high, percentile(flows, q) <= tail_flow + 1e-9, flows
+
+    def penalty(late, high, kept):
+        # the percentile itself must stay under the limit: ``above`` flows over it is only
+        # necessary (``allowed_above``), one fewer is enough
+        over = 0 if kept and high <= above else 1 + max(0, high - above + 1)
+        return 10 * over + 10 * max(0, late - misses) + 0.1 * (late + high)
+
+    cur = [0] * n
+    late, high, kept, flows = evaluate(cur)
+    best = (penalty(late, high, kept), late, high, kept, flows)
+    t0 = time.time()
+    while time.time() - t0 < seconds and best[0] >= 10:
+        cand = cur[:]
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            cand[rng.randrange(n)] = rng.randrange(4)
+        got = evaluate(cand)
+        if penalty(*got[:3]) <= penalty(late, high, kept) or rng.random() < 0.02:
+            cur, (late, high, kept, flows) = cand, got
+            if penalty(late, high, kept) < best[0]:
+                best = (penalty(late, high, kept), late, high, kept, flows)
+    _, late, high, kept, flows = best
+    # slack of every limit a request keeps: its deadline if on time, the tail if within it
+    margins = [lim - (r.arrival + f) for r, f in zip(reqs, flows, strict=True)
+               for lim in (r.deadline, r.arrival + tail_flow) if r.arrival + f <= lim + 1e-9]
+    return {"misses": late, "above": high, "holds": late <= misses and kept and high <= above,
+            "percentile_s": percentile(flows, q), "max_s": max(flows),
+            "least_margin_s": min(margins, default=math.inf),
+            "seconds": time.time() - t0}
+
+
+def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs,
+                search_s: float = 0.0) -> dict:
     import sys
 
     sys.path.insert(0, "benchmarks/scheduler")
@@ -315,6 +373,10 @@ def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs) ->
         row["exempt"] = allowed_above(n, 99.0)
         need = row["printed_clairvoyant"] - 0.01
         row["need"] = need
+        if search_s > 0:
+            row["search"] = tail_schedule_search(reqs, cost, p99, math.floor(n * (1 - need)
+                                                                            + 1e-9),
+                                                 row["exempt"], search_s)
         best = 1 - row["p99"]["packing"] / n
         row["forbidden"] = best < need - 1e-9
         row["forbidden_measured_fifo"] = 1 - row["p99_measured_fifo"]["packing"] / n < need
@@ -323,8 +385,8 @@ def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs) ->
         pct = {key: {w: 100 * (1 - m / n) for w, m in row[key].items()}
                for key in ("p99", "p99_max")}
         verdict = "forbidden" if row["forbidden"] else f"not forb. ({100 * (best - need):.1f} pt)"
-        if not row["forbidden"] and row["clairvoyant_above_fifo_p99"] <= row["exempt"]:
-            verdict += ", met"  # the clairvoyant batch-1 schedule keeps the P99 as well
+        if not row["forbidden"] and row.get("search", {}).get("holds"):
+            verdict += ", met"  # a schedule that exists keeps the pair (tail_schedule_search)
         print(f"{path.rsplit('demo_', 1)[-1].removesuffix('.json'):<14} {n:4d} "
               f"{100 * row['plain']['profile']:8.1f}% {100 * row['plain']['proportional']:9.1f}% "
               f"{100 * row['clairvoyant']:7.1f}% {100 * need:5.1f}% "
@@ -408,6 +470,9 @@ def main() -> None:
                     help="for the packed part: saved ditmem demo --json runs (comma list)")
     ap.add_argument("--bench-runs", default=",".join(BENCH_RUNS),
                     help="for the packed part: saved HTTP bench --json runs (comma list)")
+    ap.add_argument("--search-s", type=float, default=0.0,
+                    help="packed part: seconds per demo trace to search for a schedule that "
+                         "keeps the demo's pair (tail_schedule_search; 0: no search)")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -430,7 +495,7 @@ def main() -> None:
         out["goodput"] = part_goodput(seeds, args.requests, args.workloads.split(","))
     if "packed" in parts:
         out["packed"] = part_packed(seeds, args.requests, args.demo_runs.split(","),
-                                    args.bench_runs.split(","))
+                                    args.bench_runs.split(","), args.search_s)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)
