@@ -1,7 +1,7 @@
 """The control path between the node engine and its device workers: small picklable
 records only (ids, shapes, page numbers, timings). Tensors never travel here: latent rows
 move over the device link (collectives) or through shared-memory host pages, decoded
-images through a shared-memory segment."""
+images (and a split decode's latents and tiles) through shared-memory segments."""
 
 from __future__ import annotations
 
@@ -76,6 +76,40 @@ class Decode:
 
 
 @dataclass(slots=True)
+class ShareLatent:
+    """Start the tiled decode (``tile`` = ``(tile_px, stride_px)``) of ``request_id``, held
+    at degree 1 here, and put its de-normalised latents in a shared-memory segment
+    (``SharedTensor``) for the other devices of a split decode; replies (the segment, the
+    decode's number of tiles)."""
+
+    request_id: str
+    tile: tuple[int, int]
+
+
+@dataclass(slots=True)
+class DecodeTiles:
+    """Decode tiles ``indices`` (row-major) of ``request_id``'s tiled decode: on the device
+    that holds it (``latent`` None; the decode ``ShareLatent`` started, the tiles kept for
+    ``BlendTiles``), or on another device from ``latent`` (replies one ``SharedTensor`` per
+    tile, in ``indices`` order)."""
+
+    request_id: str
+    tile: tuple[int, int]
+    indices: list[int]
+    latent: SharedTensor | None = None
+
+
+@dataclass(slots=True)
+class BlendTiles:
+    """Finish ``request_id``'s split decode here: put the other devices' ``tiles`` (index →
+    segment) beside its own and blend them (the VAE's own tiled-decode blend); the image
+    comes back in a shared-memory segment (``SharedImage``)."""
+
+    request_id: str
+    tiles: dict[int, SharedTensor]
+
+
+@dataclass(slots=True)
 class Release:
     """Free every page (device and host) this device holds for ``request_id``."""
 
@@ -105,6 +139,16 @@ class Stop:
 @dataclass(slots=True)
 class SharedImage:
     """A decoded image in shared memory segment ``name``: ``shape``, numpy ``dtype``."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(slots=True)
+class SharedTensor:
+    """A tensor in shared memory segment ``name``: ``shape``, torch ``dtype`` name (e.g.
+    "float32", "bfloat16"), on the host."""
 
     name: str
     shape: tuple[int, ...]

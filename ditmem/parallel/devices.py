@@ -9,7 +9,9 @@ device link), encodes (single-device, spread round-robin over the group, then re
 onto the whole group), ``steps`` packed steps at the group's degree, decodes (each on its
 ``decode_lanes`` device; after the last step every decoding request is gathered onto its
 device, then the devices without a decode go back to the loop at once and each request as
-its decode ends: partial ``Completion`` events). ``wait`` hands completions back in wall time
+its decode ends: partial ``Completion`` events; with ``Job.split_decodes`` and fewer
+decodes than devices, each decode's tiles spread over its ``decode_devices``, blended on its
+lane: ``NodeEngine.decode_split``). ``wait`` hands completions back in wall time
 since the start, so the
 same loop that drives the simulator's virtual devices replays a trace in real time.
 
@@ -40,6 +42,7 @@ from ditmem.scheduler.node.device import (
     Job,
     JobStages,
     Timings,
+    decode_devices,
     decode_lanes,
     run_job,
 )
@@ -295,6 +298,11 @@ class _GroupJob(JobStages):
         decodes = list(self.job.decodes)
         with owner._lock:  # the steps are over: a failure from here fails only the decodes
             self.owned[:] = [r.id for r in decodes]
+        sets = decode_devices(self.job.group, len(decodes), self.job.split_decodes)
+        if any(len(ds) > 1 for ds in sets):
+            self._decode_split(decodes, sets)
+            self.timings.decode_s = self.clock() - mark
+            return
         lanes: dict[int, list] = {}
         dropped = []
         for request in decodes:
@@ -328,3 +336,72 @@ class _GroupJob(JobStages):
 
         _in_lanes(lanes, decode)
         self.timings.decode_s = self.clock() - mark
+
+    def _tiles_of(self, request) -> int:
+        """How many tiles ``request``'s decode runs as (1: whole, or no ``decode_tile``),
+        as the profile prices it (``CostModel.decode_tiles``) and ``TiledDecode`` cuts it."""
+        from ditmem.scheduler.decode_lane import tile_sizes
+
+        tile = self.devices.decode_tile
+        if tile is None or (request.width <= tile[0] and request.height <= tile[0]):
+            return 1
+        return (len(tile_sizes(request.height, tile[0], tile[1]))
+                * len(tile_sizes(request.width, tile[0], tile[1])))
+
+    def _decode_split(self, decodes: list, sets: list[tuple[int, ...]]) -> None:
+        """Each decode on its ``sets`` devices (``decode_devices``; fewer decodes than
+        devices), its tiles spread over them (``NodeEngine.decode_split``; one tile or no
+        tile geometry: on its lane alone). Each request is gathered onto its lane first (as
+        :meth:`decode`); then the devices with no work go back to the loop, each other
+        device as its tiles end, each lane with its request when its blend ends. A request
+        whose gather or decode fails fails alone (handed back done, with its devices)."""
+        owner, node = self.devices, self.node
+        work: dict[int, list] = {}
+        used: dict[str, tuple[int, ...]] = {}
+        dropped = []
+        for request, ds in zip(decodes, sets, strict=True):
+            try:
+                node.move(request.id, ds[:1])
+            except Exception as exc:
+                msg = (f"job {self.job.job_id}: gather of {request.id} onto device {ds[0]}: "
+                       f"{type(exc).__name__}: {exc}")
+                log.error(msg)
+                owner._fail([request.id], exc, msg)
+                dropped.append(request.id)
+                continue
+            used[request.id] = ds[:min(len(ds), self._tiles_of(request))]
+            work[ds[0]] = [request]
+        busy = {d for ds in used.values() for d in ds}
+        self._hand_back(tuple(d for d in self.group if d not in busy), tuple(dropped),
+                        stepped=True)
+
+        def decode(request, lane: int) -> None:
+            ds, begin = used[request.id], self.clock()
+            freed: list[int] = []
+
+            def tiles_done(others: tuple[int, ...]) -> None:
+                freed.extend(others)
+                self._hand_back(others)
+
+            try:
+                if len(ds) == 1:
+                    image = node.decode(request.id, owner.decode_tile)
+                else:
+                    image = node.decode_split(request.id, ds, owner.decode_tile, tiles_done)
+                node.release(request.id)
+            except Exception as exc:  # this request fails; the job's others go on
+                msg = (f"job {self.job.job_id}: split decode of {request.id} on {ds}: "
+                       f"{type(exc).__name__}: {exc}")
+                log.error(msg)
+                owner._fail([request.id], exc, msg)
+                self._hand_back(tuple(d for d in ds if d not in freed), (request.id,))
+                return
+            self._event("decoded", [request.id], self.clock() - begin)
+            if owner.keep_outputs:
+                with owner._lock:
+                    owner.outputs[request.id] = image
+            if owner.on_output is not None:
+                owner.on_output(request.id, image)
+            self._hand_back(tuple(d for d in ds if d not in freed), (request.id,))
+
+        _in_lanes(work, decode)

@@ -492,6 +492,69 @@ class NodeEngine:
             segment.close()
             segment.unlink()
 
+    def decode_split(self, request_id: str, devices: tuple[int, ...], tile: tuple[int, int],
+                     on_tiles: Callable[[tuple[int, ...]], None] | None = None) -> np.ndarray:
+        """VAE-decode a finished request held at degree 1 on ``devices[0]`` with its tiles
+        (``tile`` = (tile_px, stride_px), the VAE's tiled decode) spread over ``devices``
+        (any devices, tile t on the (t mod k)-th, k = min(len(devices), tiles):
+        ``scheduler.node.cost.split_tiles``): the holder shares its latents through shared
+        memory, each device decodes its tiles (the others' come back through shared
+        memory), and the holder blends them, as :meth:`decode` with ``tile`` would:
+        ``uint8 [H, W, 3]``, the same bits. ``on_tiles(others)`` once the other devices'
+        tiles are decoded (they are free from then; ``others``: those that got tiles, the
+        first k − 1 after the holder). A failed command raises
+        (``CommandFailed`` / ``DeviceLost``); the holder's decode is dropped by
+        :meth:`release`; no segment is left behind, except those of a device lost in it."""
+        from ditmem.parallel.worker import unlink_shared
+        from ditmem.scheduler.node.cost import split_tiles
+
+        lane = devices[0]
+        if self._holders(request_id) != (lane,):
+            raise ValueError(f"decode_split: {request_id} is held on "
+                             f"{self.holders.get(request_id)}, not on device {lane} alone")
+        if len(set(devices)) != len(devices) or not all(0 <= d < self.num_devices
+                                                         for d in devices):
+            raise ValueError(f"decode_split: devices {devices} repeat or are out of range")
+        latent, units = self._call({lane: cmd.ShareLatent(request_id, tile)})[lane].value
+        parts = split_tiles(units, len(devices))
+        tiles: dict[int, cmd.SharedTensor] = {}
+        try:
+            commands = {devices[i]: cmd.DecodeTiles(request_id, tile, idx,
+                                                    None if i == 0 else latent)
+                        for i, idx in enumerate(parts)}
+            with self._lock:
+                gone = sorted(set(commands) & set(self.dead))
+            if gone:
+                raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
+            replies = self._wait(self.submit(commands), self.command_timeout_s)
+            for i, idx in enumerate(parts[1:], start=1):
+                reply = replies[devices[i]]
+                if reply.ok:
+                    tiles.update(zip(idx, reply.value, strict=True))
+            errors = {d: r.error for d, r in replies.items() if not r.ok}
+            if errors:
+                raise CommandFailed("; ".join(f"device {d}: {e}"
+                                              for d, e in sorted(errors.items())))
+        except BaseException:
+            for ref in tiles.values():
+                unlink_shared(ref.name)
+            raise
+        finally:
+            unlink_shared(latent.name)
+        if on_tiles is not None:
+            on_tiles(tuple(devices[1:len(parts)]))
+        try:
+            ref = self._call({lane: cmd.BlendTiles(request_id, tiles)})[lane].value
+        finally:
+            for t in tiles.values():
+                unlink_shared(t.name)
+        segment = shared_memory.SharedMemory(name=ref.name)
+        try:
+            return np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=segment.buf).copy()
+        finally:
+            segment.close()
+            segment.unlink()
+
     def release(self, request_id: str) -> None:
         """Free a request's pages wherever they are (device or host) on live devices."""
         with self._lock:

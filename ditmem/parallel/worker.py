@@ -70,6 +70,8 @@ class DeviceWorker:
         self.groups = groups
         self.held: dict[str, Part] = {}
         self.parked: dict[str, Part] = {}
+        #: split decodes started here (``ShareLatent``) until their ``BlendTiles``
+        self.decoding: dict[str, object] = {}
         try:
             self.layout = rows_of(generator)
         except ValueError:  # this model's states never shard: check_degree refuses d > 1
@@ -186,14 +188,50 @@ class DeviceWorker:
             image = job.output()
         else:
             image = self.gen.decode(part.state)
-        image = np.ascontiguousarray(image)
-        segment = shared_memory.SharedMemory(create=True, size=max(1, image.nbytes))
-        np.ndarray(image.shape, image.dtype, buffer=segment.buf)[...] = image
-        out = cmd.SharedImage(segment.name, image.shape, str(image.dtype))
-        segment.close()  # the engine unlinks it once copied
-        return out
+        return _share_image(image)
+
+    def _sharelatent(self, c: cmd.ShareLatent) -> tuple[cmd.SharedTensor, int]:
+        part = self._part(c.request_id)
+        if len(part.devices) != 1:
+            raise ValueError(f"share latent: {c.request_id} is held at degree "
+                             f"{len(part.devices)}; move it to one device first")
+        from ditmem.models.common.tiled_decode import decode_job
+
+        job = decode_job(self.gen, part.state, *c.tile)
+        if not hasattr(job, "put"):
+            raise TypeError(f"{type(job).__name__} cannot split a decode over devices")
+        self.decoding[c.request_id] = job
+        return to_shared(job.latent), job.units
+
+    def _decodetiles(self, c: cmd.DecodeTiles) -> list[cmd.SharedTensor]:
+        if c.latent is None:
+            job = self.decoding.get(c.request_id)
+            if job is None:
+                raise KeyError(f"decode tiles: no decode of {c.request_id!r} started on "
+                               f"device {self.index}")
+            for k in c.indices:
+                job.put(k, job.decode_tile(k))
+            return []
+        from ditmem.models.common.tiled_decode import QwenDecodeJob, supports_tiled_decode
+
+        if not supports_tiled_decode(self.gen):
+            raise TypeError(f"{type(self.gen).__name__} cannot split a decode over devices")
+        job = QwenDecodeJob(self.gen, None, *c.tile,
+                            latent=from_shared(c.latent).to(self.pool.device))
+        return [to_shared(job.decode_tile(k)) for k in c.indices]
+
+    def _blendtiles(self, c: cmd.BlendTiles) -> cmd.SharedImage:
+        job = self.decoding.pop(c.request_id, None)
+        if job is None:
+            raise KeyError(f"blend: no decode of {c.request_id!r} started on device "
+                           f"{self.index}")
+        device = job.latent.device
+        for k, ref in c.tiles.items():
+            job.put(k, from_shared(ref).to(device))
+        return _share_image(job.output())
 
     def _release(self, c: cmd.Release) -> None:
+        self.decoding.pop(c.request_id, None)
         for table in (self.held, self.parked):
             part = table.pop(c.request_id, None)
             if part is not None:
@@ -217,6 +255,54 @@ class DeviceWorker:
     def _stats(self, c: cmd.Stats) -> cmd.DeviceStats:
         return cmd.DeviceStats(self.index, self.pool.num_used_pages, self.host.num_used_pages,
                                sorted(self.held), sorted(self.parked))
+
+
+def _share_image(image: np.ndarray) -> cmd.SharedImage:
+    """``image`` copied into a new shared-memory segment (the engine unlinks it)."""
+    image = np.ascontiguousarray(image)
+    segment = shared_memory.SharedMemory(create=True, size=max(1, image.nbytes))
+    np.ndarray(image.shape, image.dtype, buffer=segment.buf)[...] = image
+    out = cmd.SharedImage(segment.name, image.shape, str(image.dtype))
+    segment.close()  # the engine unlinks it once copied
+    return out
+
+
+def to_shared(tensor: torch.Tensor) -> cmd.SharedTensor:
+    """``tensor`` copied to a new shared-memory segment on the host (whoever reads it
+    last unlinks it: the engine, once the command that reads it has replied)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
+    segment = shared_memory.SharedMemory(create=True, size=max(1, nbytes))
+    try:
+        if nbytes:
+            torch.frombuffer(segment.buf, dtype=flat.dtype, count=flat.numel()).copy_(flat)
+        return cmd.SharedTensor(segment.name, tuple(tensor.shape),
+                                str(tensor.dtype).removeprefix("torch."))
+    finally:
+        segment.close()
+
+
+def from_shared(ref: cmd.SharedTensor) -> torch.Tensor:
+    """A host copy of the tensor in segment ``ref`` (the segment is left in place)."""
+    dtype = getattr(torch, ref.dtype)
+    count = int(np.prod(ref.shape, dtype=np.int64))
+    segment = shared_memory.SharedMemory(name=ref.name)
+    try:
+        if not count:
+            return torch.empty(ref.shape, dtype=dtype)
+        return torch.frombuffer(segment.buf, dtype=dtype, count=count).clone().view(ref.shape)
+    finally:
+        segment.close()
+
+
+def unlink_shared(name: str) -> None:
+    """Remove shared-memory segment ``name`` (nothing if it is already gone)."""
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()
 
 
 def _named(command) -> list[str]:

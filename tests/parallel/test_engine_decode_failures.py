@@ -88,3 +88,69 @@ def test_a_member_lost_while_paused_leaves_the_others_on_their_loop_lanes():
     assert stepped.released == (0,)
     assert [(c.decoded, c.released) for c in seen if c.decoded and not c.stepped] == [
         (("b",), (1,))]
+
+
+class SplittingNode(ScriptedNode):
+    """A ScriptedNode whose split decodes are recorded too; ``broken``: ids whose split
+    decode fails after their tiles (a worker's error in the blend)."""
+
+    def __init__(self, broken=(), **kw):
+        super().__init__(**kw)
+        self.broken = set(broken)
+
+    def decode_split(self, rid, devices, tile, on_tiles=None):
+        self.calls.append(("split", rid, tuple(devices), tile))
+        if on_tiles is not None:
+            on_tiles(tuple(devices[1:]))
+        if rid in self.broken:
+            raise RuntimeError(f"blend of {rid} failed")
+        return np.zeros((1, 1, 3), np.uint8)
+
+
+def _run_split(node, job, tile=(64, 48)):
+    failed = []
+    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=tile,
+                            on_failed=lambda rid, exc: failed.append(rid))
+    devices.launch(job, 0.0)
+    seen = []
+    while not any(c.last for c in seen):
+        seen += devices.wait(None)
+    return devices, seen, failed
+
+
+def test_split_decodes_each_on_its_devices_and_a_failed_one_fails_alone():
+    """A degree-4 job finishing a (128² : 3 × 3 tiles of 64/48) and b (also 128²) with
+    split decodes: a on devices (0, 2), b on (1, 3) (``decode_devices``), each gathered
+    onto its lane first. a's blend fails: a fails alone (released), its devices handed
+    back; b is decoded and done, device 3 handed back with its tiles, device 1 with b."""
+    a, b = (Request(r, 0.0, width=128, height=128, steps=1) for r in ("a", "b"))
+    node = SplittingNode(broken={"a"})
+    quad = Node(4).groups(4)[0]
+    job = Job(0, quad, [a, b], 1, [], [], [a, b], split_decodes=True)
+    devices, seen, failed = _run_split(node, job)
+    assert failed == ["a"] and set(devices.outputs) == {"b"}
+    assert ("move", "a", (0,)) in node.calls and ("move", "b", (1,)) in node.calls
+    assert ("split", "a", (0, 2), (64, 48)) in node.calls
+    assert ("split", "b", (1, 3), (64, 48)) in node.calls
+    assert ("release", "a") in node.calls and ("release", "b") in node.calls
+    stepped = next(c for c in seen if c.stepped)
+    assert stepped.released == () and stepped.decoded == ()
+    released = sorted(d for c in seen if not c.stepped for d in c.released)
+    assert released == [0, 1, 2, 3]
+    assert sorted(rid for c in seen for rid in c.decoded) == ["a", "b"]
+    assert ((), (3,)) in [(c.decoded, c.released) for c in seen]
+
+
+def test_a_split_decode_of_one_tile_runs_on_its_lane_and_frees_the_spare_at_once():
+    """A 64² (one 64-px tile) finished by a degree-2 job with split decodes: decoded whole
+    on device 0 (its lane); device 1 has no work and goes back at the steps' end."""
+    a = _req("a")
+    node = SplittingNode()
+    pair = Node(2).groups(2)[0]
+    devices, seen, failed = _run_split(node, Job(0, pair, [a], 1, [], [], [a],
+                                                 split_decodes=True))
+    assert not failed and set(devices.outputs) == {"a"}
+    assert ("decode", "a", (0,)) in node.calls
+    assert not any(c[0] == "split" for c in node.calls)
+    stepped = next(c for c in seen if c.stepped)
+    assert stepped.released == (1,)

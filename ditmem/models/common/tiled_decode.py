@@ -28,7 +28,8 @@ class TiledDecode:
     """Decode ``z [1, C, F, h, w]`` (de-normalised latents in the VAE's dtype) tile by tile.
 
     ``units`` tiles; :meth:`run_one` decodes the next; :meth:`result` blends them into
-    ``[1, 3, F, H, W]`` floats once :attr:`done`.
+    ``[1, 3, F, H, W]`` floats once :attr:`done`. A decode split over devices runs
+    :meth:`decode_tile` of some indices on each and :meth:`put` s them into one.
     """
 
     def __init__(self, vae, z: torch.Tensor, tile_px: int = DEFAULT_TILE_PX,
@@ -47,7 +48,7 @@ class TiledDecode:
         self.whole = h <= self._tile and w <= self._tile
         self.rows = [0] if self.whole else list(range(0, h, self._stride))
         self.cols = [0] if self.whole else list(range(0, w, self._stride))
-        self._tiles: list[torch.Tensor] = []
+        self._tiles: dict[int, torch.Tensor] = {}
 
     @property
     def units(self) -> int:
@@ -59,15 +60,23 @@ class TiledDecode:
 
     @torch.no_grad()
     def run_one(self) -> None:
-        """Decode the next tile (row-major order)."""
+        """Decode the next tile not decoded yet (row-major order)."""
         if self.done:
             raise RuntimeError("every tile is already decoded")
+        index = next(k for k in range(self.units) if k not in self._tiles)
+        self._tiles[index] = self.decode_tile(index)
+
+    @torch.no_grad()
+    def decode_tile(self, index: int) -> torch.Tensor:
+        """Tile ``index`` (row-major) decoded: ``[1, 3, F, th, tw]`` floats, not kept (a
+        split decode runs some tiles here and :meth:`put` s the others' from elsewhere)."""
+        if not 0 <= index < self.units:
+            raise ValueError(f"index must be in [0, {self.units}), got {index}")
         vae = self.vae
         if self.whole:
-            self._tiles.append(vae.decode(self.z, return_dict=False)[0])
-            return
-        i = self.rows[len(self._tiles) // len(self.cols)]
-        j = self.cols[len(self._tiles) % len(self.cols)]
+            return vae.decode(self.z, return_dict=False)[0]
+        i = self.rows[index // len(self.cols)]
+        j = self.cols[index % len(self.cols)]
         vae.clear_cache()
         frames = []
         for k in range(self.z.shape[2]):
@@ -75,7 +84,16 @@ class TiledDecode:
             part = vae.post_quant_conv(self.z[:, :, k:k + 1, i:i + self._tile, j:j + self._tile])
             frames.append(vae.decoder(part, feat_cache=vae._feat_map, feat_idx=vae._conv_idx))
         vae.clear_cache()
-        self._tiles.append(torch.cat(frames, dim=2))
+        return torch.cat(frames, dim=2)
+
+    def put(self, index: int, tile: torch.Tensor) -> None:
+        """Keep ``tile`` (what :meth:`decode_tile` of ``index`` returned, here or on another
+        device with the same VAE and latents) as tile ``index``."""
+        if not 0 <= index < self.units:
+            raise ValueError(f"index must be in [0, {self.units}), got {index}")
+        if index in self._tiles:
+            raise ValueError(f"tile {index} is already decoded")
+        self._tiles[index] = tile
 
     @torch.no_grad()
     def result(self) -> torch.Tensor:
@@ -85,7 +103,8 @@ class TiledDecode:
         if self.whole:
             return self._tiles[0]
         vae, cols = self.vae, len(self.cols)
-        grid = [self._tiles[r * cols:(r + 1) * cols] for r in range(len(self.rows))]
+        tiles = [self._tiles[k] for k in range(self.units)]
+        grid = [tiles[r * cols:(r + 1) * cols] for r in range(len(self.rows))]
         blend = self.tile_px - self.stride_px
         out_rows = []
         for r, row in enumerate(grid):
@@ -104,17 +123,35 @@ class TiledDecode:
 
 class QwenDecodeJob:
     """The decode of a finished Qwen-Image request as tiles: ``run_one()`` until ``done``,
-    then ``output()`` -> ``uint8 [H, W, 3]`` (the pipeline's decode tail with VAE tiling)."""
+    then ``output()`` -> ``uint8 [H, W, 3]`` (the pipeline's decode tail with VAE tiling).
+    Built from the request's ``state``, or from its ``latent`` (another device's job's
+    :attr:`latent`: a decode split over devices, ``decode_tile`` here, ``put`` there)."""
 
-    def __init__(self, gen, state: RequestState, tile_px: int = DEFAULT_TILE_PX,
-                 stride_px: int = DEFAULT_STRIDE_PX):
-        check_finished(state, gen.progress(state))
+    def __init__(self, gen, state: RequestState | None, tile_px: int = DEFAULT_TILE_PX,
+                 stride_px: int = DEFAULT_STRIDE_PX, *, latent: torch.Tensor | None = None):
         pipe = gen.pipe
-        height, width = state.scalars["height"], state.scalars["width"]
-        x = pipe._unpack_latents(state.get("latents"), height, width, pipe.vae_scale_factor)
-        z = denormalize_latents(pipe.vae, x.to(pipe.vae.dtype))
+        if (state is None) == (latent is None):
+            raise ValueError("give exactly one of state and latent")
+        if state is not None:
+            check_finished(state, gen.progress(state))
+            height, width = state.scalars["height"], state.scalars["width"]
+            x = pipe._unpack_latents(state.get("latents"), height, width,
+                                     pipe.vae_scale_factor)
+            latent = denormalize_latents(pipe.vae, x.to(pipe.vae.dtype))
         self._pipe = pipe
-        self._tiles = TiledDecode(pipe.vae, z, tile_px, stride_px)
+        self._tiles = TiledDecode(pipe.vae, latent, tile_px, stride_px)
+
+    @property
+    def latent(self) -> torch.Tensor:
+        """The de-normalised latents ``[1, C, F, h, w]`` the tiles decode (what another
+        device's job for the same request is built from: ``latent=``)."""
+        return self._tiles.z
+
+    def decode_tile(self, index: int) -> torch.Tensor:
+        return self._tiles.decode_tile(index)
+
+    def put(self, index: int, tile: torch.Tensor) -> None:
+        self._tiles.put(index, tile)
 
     @property
     def units(self) -> int:

@@ -1,0 +1,138 @@
+"""A decode split over two CPU devices (worker processes, gloo), tile by tile: the image
+equals the one-device tiled decode bit for bit (same tiles, same blend), no page or shared
+segment is left, and a failed split decode fails only its request."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ditmem.models.common.request import GenerationRequest
+from ditmem.parallel.node import CommandFailed, NodeEngine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS = 2
+TILE = (64, 48)  # a 128² latent of 16² decodes as 3 × 3 tiles
+
+
+def _request(rid: str, seed: int, width: int = 128, height: int = 128) -> GenerationRequest:
+    return GenerationRequest("a red cat on a mat", width=width, height=height,
+                             num_inference_steps=STEPS, seed=seed, request_id=rid)
+
+
+@pytest.fixture(scope="module")
+def node():
+    engine = NodeEngine("tiny-qwen-image", num_devices=2, pool_pages=256, page_bytes=1 << 14,
+                        host_pages=256, start_timeout_s=300, command_timeout_s=300)
+    yield engine
+    engine.close()
+
+
+def _pages(node):
+    return {d: (s.device_pages, s.host_pages) for d, s in node.stats().items()}
+
+
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+
+
+def _finished(node, rid: str, seed: int, device: int = 0, **shape) -> None:
+    assert node.encode(_request(rid, seed, **shape), device)
+    for _ in range(STEPS):
+        node.step([((device,), [rid])])
+
+
+def test_split_decode_equals_the_one_device_tiled_decode_bit_for_bit(node):
+    """The same request twice on device 0: one decoded tiled on device 0 alone, the other
+    with its 9 tiles over devices 0 and 1 (5 + 4). Identical bits; device 1 handed back
+    once its tiles are done; no page and no shared segment left."""
+    _finished(node, "one", 5)
+    _finished(node, "split", 5)
+    expected = node.decode("one", TILE)
+    node.release("one")
+    before = _segments()
+    freed = []
+    image = node.decode_split("split", (0, 1), TILE, freed.append)
+    node.release("split")
+    assert freed == [(1,)]
+    assert image.shape == (128, 128, 3) and image.dtype == np.uint8
+    assert np.array_equal(image, expected)
+    assert _segments() <= before
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_split_over_the_other_device_first_and_an_image_of_one_tile(node):
+    """Held on device 1, split as (1, 0): device 1 blends; a 64² image is one tile, decoded
+    whole on its holder (the other device gets no work)."""
+    _finished(node, "ref", 9, device=1, width=64, height=128)
+    _finished(node, "b", 9, device=1, width=64, height=128)
+    expected = node.decode("ref", TILE)
+    node.release("ref")
+    assert np.array_equal(node.decode_split("b", (1, 0), TILE), expected)
+    node.release("b")
+    _finished(node, "small", 2, device=1, width=64, height=64)
+    _finished(node, "small-ref", 2, device=1, width=64, height=64)
+    freed = []
+    small = node.decode_split("small", (1, 0), TILE, freed.append)
+    assert np.array_equal(small, node.decode("small-ref", TILE))
+    assert freed == [()]
+    for rid in ("small", "small-ref"):
+        node.release(rid)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_failed_split_decode_fails_only_its_request(node):
+    """A split decode whose tiles cannot be cut (tile 60 px, not a multiple of the VAE's 8)
+    raises ``CommandFailed``; its release leaves no page; another request held beside it
+    still decodes, split, to the one-device bits."""
+    _finished(node, "bad", 1)
+    _finished(node, "good", 3)
+    _finished(node, "good-ref", 3)
+    before = _segments()
+    with pytest.raises(CommandFailed, match="tile_px 60"):
+        node.decode_split("bad", (0, 1), (60, 48))
+    node.release("bad")
+    assert np.array_equal(node.decode_split("good", (0, 1), TILE),
+                          node.decode("good-ref", TILE))
+    for rid in ("good", "good-ref"):
+        node.release(rid)
+    assert _segments() <= before
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_node_loop_with_split_decodes_on_real_devices(node):
+    """run_node with slo(split_decodes=True) on the workers: every request finishes once,
+    each image equal to the same request's under slo without the split (to within one
+    uint8 level: the schedules, and so the degrees of the steps, may differ), no page
+    left."""
+    from test_node_engine import _node_cost
+
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler import Request
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
+
+    cost, node_cost = _node_cost()
+    shapes = [(128, 128), (64, 64), (128, 64)]
+    outputs = {}
+    for split in (False, True):
+        requests = [Request(f"q{i}", arrival=0.3 * i, width=w, height=h, steps=3, seed=i)
+                    for i, (w, h) in enumerate(shapes)]
+        truth = node_cost(cost)
+        topo = Node(2, truth.links)
+        devices = EngineDevices(node, to_generation, keep_outputs=True, decode_tile=TILE)
+        policy = make_node_policy("slo", node_cost(cost), topo, split_decodes=split)
+        result = run_node(requests, policy, devices, topo, truth)
+        assert not devices.errors, devices.errors
+        assert sorted(r.request.id for r in result.records) == ["q0", "q1", "q2"]
+        outputs[split] = devices.outputs
+        assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+    for rid, image in outputs[False].items():
+        w, h = shapes[int(rid[1:])]
+        assert image.shape == (h, w, 3)
+        assert np.abs(image.astype(int) - outputs[True][rid].astype(int)).max() <= 1
