@@ -177,10 +177,10 @@ def run_node(
     cancelling: set[str] = set()
     lost = 0
     changed = True
-    # the policy's choice (a policy object need not derive from NodePolicy)
-    split = bool(getattr(policy, "split_decodes", False))
+    # the policy's choice, per job (a policy object need not derive from NodePolicy)
+    split_decode = getattr(policy, "split_decode", None)
 
-    def launch(a: Assignment) -> None:
+    def launch(a: Assignment, split: bool) -> None:
         nonlocal jobs
         g = a.group
         if g.mask & st.free != g.mask:
@@ -358,10 +358,11 @@ def run_node(
         if changed and st.free and (
             st.waiting or any(not s.running for s in st.started.values())
         ):
-            plan = policy.schedule(st.view(now))
+            view = st.view(now)
+            plan = policy.schedule(view)
             decisions += 1
             for a in plan.assignments:
-                launch(a)
+                launch(a, bool(split_decode(view, plan, a)) if split_decode else False)
         changed = False
         until = intake.next_arrival()
         if not st.running and until is None and intake.closed():

@@ -24,6 +24,12 @@ class NodePolicy:
     def schedule(self, view: NodeView) -> NodePlan:
         raise NotImplementedError
 
+    def split_decode(self, view: NodeView, plan: NodePlan, assignment) -> bool:
+        """Whether the loop spreads ``assignment``'s decodes (of the members whose last step
+        it runs) over its group's spare devices (``Job.split_decodes``); ``plan``: the
+        decision it is part of, made on ``view``. Here: ``split_decodes``."""
+        return self.split_decodes
+
     def forget(self, request_id: str) -> None:
         """Drop what the policy keeps about a request that will never finish."""
 
