@@ -55,6 +55,8 @@ P0_RULES = {
     "slo join_margin0=0.2": {"join_margin0": 0.2},
     "slo forecast_shield0": {"forecast_shield0": True},
     "slo both": {"join_margin0": 0.2, "forecast_shield0": True},
+    "slo both + lone_p0_unpacked": {"join_margin0": 0.2, "forecast_shield0": True,
+                                    "lone_p0_unpacked": True},
 }
 
 

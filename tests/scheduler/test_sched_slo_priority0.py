@@ -174,3 +174,28 @@ def test_forecast_shield0_keeps_a_priority0_request_the_forecast_would_give_up()
     for bad in ({"forecast": False}, {"forecast_by_priority": True}):
         with pytest.raises(ValueError, match="forecast_shield0"):
             make_policy("slo", cost, forecast_shield0=True, **bad)
+
+
+def test_lone_p0_unpacked_counts_a_shapeless_p0_request_at_batch1():
+    # Every shape packs 4 in 2 × its step (gain 0.5). X (p1, 1024², one 4-s step) is due
+    # at 5 s; P (p0, 512², 8 × 1 s) at 9 s. Credited, X counts 2 s and P 4 s: 6 <= 9, no
+    # give-up; X runs 0-4 s (P joins its step: the table prices a 1024² + 512² step at X's
+    # 4 s) and P's other 7 steps end at 11 s: missed. With lone_p0_unpacked P shares
+    # its shape with nobody and counts 8 s: 2 + 8 > 9, and the give-up sets aside the most
+    # work per weight² — X (4/4 = 1 > 8/9) — so P runs 0-8 s and X finishes at 12 s.
+    pts = [{"tokens": 1024, "batch": b, "seconds": s} for b, s in ((2, 1.2), (3, 1.6), (4, 2.0))]
+    cost = table_cost(batch_points=pts)
+    reqs = [
+        req("X", 0.0, size=1024, steps=1, priority=1, slo_ms=5_000, cost=cost),
+        req("P", 0.0, steps=8, priority=0, slo_ms=9_000, cost=cost),
+    ]
+    assert cost.step_time("qwen-image", [4096, 1024]) == pytest.approx(4.0)
+    assert outcome(reqs, cost) == {"X": (4.0, True), "P": (11.0, False)}
+    assert outcome(reqs, cost, lone_p0_unpacked=True) == {"P": (8.0, True), "X": (12.0, False)}
+    # A far-due 512² request (P's shape) is present: P keeps its credit, X is not given up
+    # and heads the step (P and Z join it), as without the option.
+    eng = HandEngine(cost)
+    for r in reqs + [req("Z", 0.0, steps=1, priority=2, slo_ms=100_000, cost=cost)]:
+        eng.arrive(r)
+    plan = make_policy("slo", cost, forecast=False, lone_p0_unpacked=True).schedule(0.0, eng.view())
+    assert plan.batch[0] == "X"
