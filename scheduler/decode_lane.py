@@ -101,13 +101,26 @@ class _Tiled:
     units: list[float] = field(compare=False)
 
 
+def step_deadline(now: float, deadlines: list[float]) -> float | None:
+    """The deadline a planned step holds decode tiles to (:meth:`TiledDecodes.pick`), from
+    its members' ``deadlines`` (s, engine clock): the earliest still ahead of ``now``;
+    ``inf`` when every one has passed (the step is late whatever runs first); None when no
+    step is planned (no members)."""
+    if not deadlines:
+        return None
+    return min((d for d in deadlines if d > now), default=float("inf"))
+
+
 class TiledDecodes:
     """Decodes split into tiles that run on the step loop one at a time (seconds per tile).
 
     :meth:`pick` chooses which decode (if any) runs a tile instead of the planned step:
-    with no step planned, the earliest deadline; otherwise the earliest-deadline decode
-    that can still meet its deadline, if it is due before every member of the batch (a
-    decode that will miss anyway does not hold back requests that can still make it);
+    with no step planned, the earliest-deadline decode that can still meet its deadline
+    (else the earliest deadline: all are late); otherwise the earliest-deadline decode
+    that can still meet its deadline, if it is due before the step's deadline (a decode
+    that will miss anyway does not hold back requests that can still make it; the step's
+    deadline is :func:`step_deadline`'s, so a step whose members are all past due does not
+    hold back a decode that can still make it either);
     otherwise, while some decode will miss its deadline, the earliest-deadline such *late*
     decode runs its next tile once a credit covers it: the credit grows by
     ``elapsed · late_share / (1 − late_share)`` between picks while a late decode is
@@ -160,7 +173,8 @@ class TiledDecodes:
         if not self._pending:
             return None
         if deadline is None:
-            return self._pending[0].rid
+            due = next((d for d in self._pending if now + sum(d.units) <= d.deadline), None)
+            return (due or self._pending[0]).rid
         for d in self._pending:
             if d.deadline >= deadline:
                 break

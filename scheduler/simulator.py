@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
-from .decode_lane import DECODE_MODES, LATE_SHARE, DecodeLane, TiledDecodes
+from .decode_lane import DECODE_MODES, LATE_SHARE, DecodeLane, TiledDecodes, step_deadline
 from .loop import mid_step, preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
@@ -321,7 +321,7 @@ def simulate(
             plan = policy.schedule(now, eng.view(last_batch))
         pick = None
         if tiles is not None and not (block and _running_part_done(eng, last_batch)):
-            pick = tiles.pick(now, _earliest_deadline(eng, plan))
+            pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)))
         if pick is not None:
             # A due decode runs one tile instead of the plan; the policy decides again after.
             seconds, last = tiles.run_one(pick)
@@ -436,15 +436,13 @@ def arrivals(
     return pending
 
 
-def _earliest_deadline(eng: _Engine, plan: StepPlan) -> float | None:
-    """The earliest deadline in the plan's batch, members it admits included (None: the
-    plan runs no step)."""
-    deadlines = [
+def _deadlines(eng: _Engine, plan: StepPlan) -> list[float]:
+    """The deadlines of the plan's batch, members it admits included (empty: no step)."""
+    return [
         eng.active[rid].request.deadline if rid in eng.active else eng.waiting.get(rid).deadline
         for rid in plan.batch
         if rid in eng.active or rid in eng.waiting
     ]
-    return min(deadlines, default=None)
 
 
 def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:

@@ -28,6 +28,7 @@ from ditmem.scheduler import (
     StepReport,
     WaitingQueue,
 )
+from ditmem.scheduler.decode_lane import step_deadline
 from ditmem.scheduler.loop import mid_step, preempted, run_stages
 
 
@@ -302,7 +303,8 @@ class PlanExecutor:
             return False  # a part-done chunked step finishes before any tile
         deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
                      if i in self.active or i in self.jobs]
-        job_id = self.tiles.pick(self.engine.clock(), min(deadlines, default=None))
+        now = self.engine.clock()
+        job_id = self.tiles.pick(now, step_deadline(now, deadlines))
         if job_id is None:
             return False
         job, output, error = self.tiles.run(job_id)

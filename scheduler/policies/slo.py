@@ -13,13 +13,17 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
-   equal priority-0 request due later (``shield0``). With ``forecast_shield0`` (an option,
-   off), when no present lower-priority request covers the overrun but the forecast
-   lower-priority arrivals due before the priority-0 pick do, nobody is set aside: those
-   arrivals are work the same swap gives up for it once they are present, so they take
-   nothing from it. So is a request that cannot finish in
-   time even alone. Late requests are never dropped, and stay late: they join the *late
-   lane* (6.), and also run whenever nothing on time is runnable (2.).
+   equal priority-0 request due later (``shield0``). Then (``take_back``, on) the requests set
+   aside in this decision are taken back, least remaining work per weight² first, each one whose
+   return leaves every on-time deadline prefix within its capacity: a later give-up can make an
+   earlier one needless (two large requests overrunning together lose the smaller-weighted one
+   first, then the other as well), as the clairvoyant reference's own take-back pass finds (issue
+   13: the demo traces at run speed). With ``forecast_shield0`` (an option, off), when no present
+   lower-priority request covers the overrun but the forecast lower-priority arrivals due before
+   the priority-0 pick do, nobody is set aside: those arrivals are work the same swap gives up
+   for it once they are present, so they take nothing from it. So is a request that cannot finish
+   in time even alone. Late requests are never dropped, and stay late: they join the *late lane*
+   (6.), and also run whenever nothing on time is runnable (2.).
 2. **Run the earliest deadline** (``order="edf"``, default). Among on-time requests the
    earliest deadline runs: large requests, whose deadlines are far, are deferred while they
    still have slack, and small ones go first; late ones run in spare time, first those that
@@ -105,6 +109,8 @@ class SloPolicy(Policy):
     * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
       (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
+    * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
+      (step 1; on by default);
     * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
       lower-priority arrivals cover (step 1; off: p0 +0.10 to +0.45, overall −0.06 to −0.25);
     * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
@@ -156,6 +162,7 @@ class SloPolicy(Policy):
         give_up_power: float = 2.0,
         protect: float = 0.0,
         shield0: bool = True,
+        take_back: bool = True,
         forecast_shield0: bool = False,
         rescue0: float = 0.5,
         rescue_guard: float = 10.0,
@@ -194,6 +201,7 @@ class SloPolicy(Policy):
         self.give_up_power = give_up_power
         self.protect = protect
         self.shield0 = shield0
+        self.take_back = take_back
         if forecast_shield0 and (not forecast or forecast_by_priority):
             raise ValueError("forecast_shield0 needs forecast=True and forecast_by_priority="
                              "False (it spares the lower-priority forecast charged to priority 0)")
@@ -326,6 +334,7 @@ class SloPolicy(Policy):
                 d = v.req.deadline - now
                 return self.forecast.work_before(d, now, 2) - self.forecast.work_before(d, now, 0)
         work = 0.0
+        given_up = len(fresh)
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
             work += self._work(c)
@@ -341,6 +350,9 @@ class SloPolicy(Policy):
                 fresh.append(victim)
                 self._skip.discard(victim.req.id)
                 work -= self._work(victim)
+        if self.take_back and len(fresh) > given_up:
+            self._take_back(now, ontime, fresh[given_up:])
+            fresh = fresh[:given_up] + [c for c in fresh[given_up:] if c.late]
         for c in fresh:
             self._late.add(c.req.id)
             self.lane.add_late(c, now)
@@ -358,6 +370,33 @@ class SloPolicy(Policy):
             )
             guard = min(guard, c.slack)
         return ontime
+
+    def _fits(self, now: float, ontime: list[Candidate]) -> bool:
+        """Does every deadline prefix of the on-time (not ``late``) requests of ``ontime``
+        (in deadline order) stay within its capacity (``_capacity``)?"""
+        work = 0.0
+        self._skip = set()
+        for c in ontime:
+            if c.late:
+                continue
+            work += self._work(c)
+            self._skip.add(c.req.id)
+            if work > self._capacity(c.req.deadline - now, now, c.req.priority) + 1e-9:
+                return False
+        return True
+
+    def _take_back(self, now: float, ontime: list[Candidate], victims: list[Candidate]):
+        """Un-set-aside ``victims`` (set aside in this decision, ``late`` True), least
+        remaining work per weight**``give_up_power`` first, each whose return keeps
+        ``_fits``; returns those taken back."""
+        back = []
+        for v in sorted(victims, key=lambda c: c.rem / c.req.weight**self.give_up_power):
+            v.late = False
+            if self._fits(now, ontime):
+                back.append(v)
+            else:
+                v.late = True
+        return back
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
         cands = self._candidates(view)

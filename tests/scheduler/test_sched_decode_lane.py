@@ -184,3 +184,26 @@ def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work():
     assert finish[0.0] >= stream[-1].arrival  # the rule before: only once the stream is done
     with pytest.raises(ValueError, match="late_share"):
         simulate([big], make_policy("fifo", cost), decode="tiled", late_share=1.0)
+
+
+def test_a_decode_that_can_make_it_goes_before_late_work_by_hand():
+    """Issue 13 (the demo at run speed): a late decode (due 1.0, two 0.5-s tiles) and one
+    that can still make it (due 4.0, one 0.5-s tile) pending at t = 2. With no step planned
+    the one that can make it runs first (before, the earliest deadline ran: the late one's
+    whole second, then the other at 3.0 - and with longer late decodes the on-time one
+    missed); then the late one. A planned step holds decodes to its earliest deadline
+    still ahead (``step_deadline``): a step whose members are all past due holds back no
+    decode that can make it; one with a member due at 3.0 still goes first."""
+    from ditmem.scheduler.decode_lane import TiledDecodes, step_deadline
+
+    assert step_deadline(2.0, []) is None
+    assert step_deadline(2.0, [1.5]) == float("inf")
+    assert step_deadline(2.0, [1.5, 3.0, 5.0]) == 3.0
+    tiles = TiledDecodes()
+    tiles.push("late", 1.0, [0.5, 0.5])
+    tiles.push("due", 4.0, [0.5])
+    assert tiles.pick(2.0, None) == "due"
+    assert tiles.pick(2.0, step_deadline(2.0, [1.5])) == "due"
+    assert tiles.pick(2.0, step_deadline(2.0, [1.5, 3.0])) is None
+    assert tiles.run_one("due") == (0.5, True)
+    assert tiles.pick(2.5, None) == "late"  # only late decodes left: the earliest deadline

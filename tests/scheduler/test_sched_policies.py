@@ -181,3 +181,27 @@ def test_slo_counts_packed_steps_when_it_decides_whom_to_give_up():
     packed = run("slo", trace(), cost, forecast=False)
     assert all(r.met for r in packed.records)
     assert finish_times(packed)["big"] <= 25.0
+
+
+def test_slo_takes_back_a_give_up_a_later_one_made_needless_by_hand():
+    """Issue 13: all arrive at 0, 1 s per step (512²), no batching gain, no forecast. S (p1,
+    2 steps, due 3), A (p2, 3 steps, due 6), B (p1, 8 steps, due 9), D (p1, 2 steps, due 20).
+    The prefix to B's deadline holds 2 + 3 + 8 = 13 s > 9: the weighted rule sets aside A
+    first (3 / 1² > 8 / 2² > 2 / 2²), 10 s still > 9, so B too. With A back the prefixes
+    are 2 <= 3, 5 <= 6, 7 <= 20: it fits, so ``take_back`` returns it (B back would not:
+    10 > 9). Taken back: S 0-2, A 2-5, D 5-7, then B (late) 7-15: one miss. Without: A
+    stays late, D (on time) runs before it, 2-4, and A ends at 7 > 6: two misses."""
+    cost = table_cost()
+
+    def trace():
+        return [req("S", 0.0, steps=2, slo_ms=3_000, cost=cost),
+                req("A", 0.0, steps=3, priority=2, slo_ms=6_000, cost=cost),
+                req("B", 0.0, steps=8, slo_ms=9_000, cost=cost),
+                req("D", 0.0, steps=2, slo_ms=20_000, cost=cost)]
+
+    res = simulate(trace(), make_policy("slo", cost, forecast=False), page_bytes=PAGE)
+    assert finish_times(res) == {"S": 2.0, "A": 5.0, "D": 7.0, "B": 15.0}
+    res = simulate(trace(), make_policy("slo", cost, forecast=False, take_back=False),
+                   page_bytes=PAGE)
+    done = finish_times(res)
+    assert done["S"] == 2.0 and done["D"] == 4.0 and done["A"] == 7.0 and done["B"] == 15.0
