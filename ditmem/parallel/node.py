@@ -504,7 +504,8 @@ class NodeEngine:
         tiles are decoded (they are free from then; ``others``: those that got tiles, the
         first k − 1 after the holder). A failed command raises
         (``CommandFailed`` / ``DeviceLost``); the holder's decode is dropped by
-        :meth:`release`; no segment is left behind, except those of a device lost in it."""
+        :meth:`release`; no segment is left behind (the tiles of the devices that answered
+        are unlinked too), except those a lost or late device makes after the failure."""
         from ditmem.parallel.worker import unlink_shared
         from ditmem.scheduler.node.cost import split_tiles
 
@@ -518,6 +519,7 @@ class NodeEngine:
         latent, units = self._call({lane: cmd.ShareLatent(request_id, tile)})[lane].value
         parts = split_tiles(units, len(devices))
         tiles: dict[int, cmd.SharedTensor] = {}
+        futures: dict[int, Future] = {}
         try:
             commands = {devices[i]: cmd.DecodeTiles(request_id, tile, idx,
                                                     None if i == 0 else latent)
@@ -526,7 +528,8 @@ class NodeEngine:
                 gone = sorted(set(commands) & set(self.dead))
             if gone:
                 raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
-            replies = self._wait(self.submit(commands), self.command_timeout_s)
+            futures = self.submit(commands)
+            replies = self._wait(futures, self.command_timeout_s)
             for i, idx in enumerate(parts[1:], start=1):
                 reply = replies[devices[i]]
                 if reply.ok:
@@ -536,8 +539,13 @@ class NodeEngine:
                 raise CommandFailed("; ".join(f"device {d}: {e}"
                                               for d, e in sorted(errors.items())))
         except BaseException:
-            for ref in tiles.values():
-                unlink_shared(ref.name)
+            # the tiles of every device that did answer, also when another was lost
+            names = {ref.name for ref in tiles.values()}
+            for f in futures.values():
+                if f.done() and not f.cancelled() and f.exception() is None and f.result().ok:
+                    names.update(ref.name for ref in f.result().value or ())
+            for name in names:
+                unlink_shared(name)
             raise
         finally:
             unlink_shared(latent.name)

@@ -218,7 +218,15 @@ class DeviceWorker:
             raise TypeError(f"{type(self.gen).__name__} cannot split a decode over devices")
         job = QwenDecodeJob(self.gen, None, *c.tile,
                             latent=from_shared(c.latent).to(self.pool.device))
-        return [to_shared(job.decode_tile(k)) for k in c.indices]
+        out: list[cmd.SharedTensor] = []
+        try:
+            for k in c.indices:
+                out.append(to_shared(job.decode_tile(k)))
+        except BaseException:  # the engine never learns these names: unlink them here
+            for ref in out:
+                unlink_shared(ref.name)
+            raise
+        return out
 
     def _blendtiles(self, c: cmd.BlendTiles) -> cmd.SharedImage:
         job = self.decoding.pop(c.request_id, None)
@@ -278,6 +286,9 @@ def to_shared(tensor: torch.Tensor) -> cmd.SharedTensor:
             torch.frombuffer(segment.buf, dtype=flat.dtype, count=flat.numel()).copy_(flat)
         return cmd.SharedTensor(segment.name, tuple(tensor.shape),
                                 str(tensor.dtype).removeprefix("torch."))
+    except BaseException:
+        segment.unlink()
+        raise
     finally:
         segment.close()
 
