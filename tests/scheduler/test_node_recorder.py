@@ -70,3 +70,14 @@ def test_logging_changes_no_decision():
     logged, pol = run(True)
     assert logged == plain
     assert pol.log and all(d.now >= 0 for d in pol.log)
+
+
+def test_the_log_hands_the_split_choice_to_its_policy():
+    """The loop asks the policy per job whether to split its decodes (``split_decode``): the
+    log must answer as the policy it wraps, not as the base class (off)."""
+    nc = node_cost(decode_s_per_mp=DECODE)
+    node = Node(2, nc.links)
+    for split in (False, True):
+        pol = make_node_policy("slo", nc, node, split_decodes=split)
+        log = DecisionLog(pol, _large)
+        assert log.split_decode(None, None, None) is pol.split_decode(None, None, None) is split

@@ -1,9 +1,9 @@
 """A node policy wrapper that logs its decisions, and where a request's time went.
 
 ``DecisionLog(policy, large)`` decides exactly as ``policy`` (it hands every call — decisions,
-the loop's reports, cancellations — to it unchanged) and keeps, per decision, who was running
-where and what the plan placed. ``time_split(log, records, chosen)`` then splits each chosen
-request's latency by what it was doing between decisions:
+the split of a job's decodes, the loop's reports, cancellations — to it unchanged) and keeps,
+per decision, who was running where and what the plan placed. ``time_split(log, records,
+chosen)`` then splits each chosen request's latency by what it was doing between decisions:
 
 * ``step d=k``: a job of one or more steps of it at degree k, not its last;
 * ``last step + decode``: its last job (the last step and the decode that follows on one
@@ -64,6 +64,9 @@ class DecisionLog(NodePolicy):
                 d.placed.add(rid)
         self.log.append(d)
         return plan
+
+    def split_decode(self, view: NodeView, plan: NodePlan, assignment) -> bool:
+        return self.policy.split_decode(view, plan, assignment)
 
     def observe(self, report) -> None:
         self.policy.observe(report)
