@@ -307,14 +307,7 @@ class _GroupJob(JobStages):
         dropped = []
         for request in decodes:
             device = self.lanes[request.id]
-            try:
-                node.move(request.id, (device,))
-            except Exception as exc:  # that request fails (pages released); others decode
-                msg = (f"job {self.job.job_id}: gather of {request.id} onto device {device}: "
-                       f"{type(exc).__name__}: {exc}")
-                log.error(msg)
-                owner._fail([request.id], exc, msg)
-                dropped.append(request.id)
+            if not self._gather(request.id, device, dropped):
                 continue
             lanes.setdefault(device, []).append(request)
         self._hand_back(tuple(d for d in self.group if d not in lanes), tuple(dropped),
@@ -336,6 +329,20 @@ class _GroupJob(JobStages):
 
         _in_lanes(lanes, decode)
         self.timings.decode_s = self.clock() - mark
+
+    def _gather(self, rid: str, device: int, dropped: list[str]) -> bool:
+        """Move ``rid`` onto ``device`` alone for its decode; when that fails the request
+        fails alone (pages released) and joins ``dropped`` (False)."""
+        try:
+            self.node.move(rid, (device,))
+        except Exception as exc:  # that request fails (pages released); others decode
+            msg = (f"job {self.job.job_id}: gather of {rid} onto device {device}: "
+                   f"{type(exc).__name__}: {exc}")
+            log.error(msg)
+            self.devices._fail([rid], exc, msg)
+            dropped.append(rid)
+            return False
+        return True
 
     def _tiles_of(self, request) -> int:
         """How many tiles ``request``'s decode runs as (1: whole, or no ``decode_tile``),
@@ -360,14 +367,7 @@ class _GroupJob(JobStages):
         used: dict[str, tuple[int, ...]] = {}
         dropped = []
         for request, ds in zip(decodes, sets, strict=True):
-            try:
-                node.move(request.id, ds[:1])
-            except Exception as exc:
-                msg = (f"job {self.job.job_id}: gather of {request.id} onto device {ds[0]}: "
-                       f"{type(exc).__name__}: {exc}")
-                log.error(msg)
-                owner._fail([request.id], exc, msg)
-                dropped.append(request.id)
+            if not self._gather(request.id, ds[0], dropped):
                 continue
             used[request.id] = ds[:min(len(ds), self._tiles_of(request))]
             work[ds[0]] = [request]

@@ -485,12 +485,7 @@ class NodeEngine:
             self.move(request_id, devices[:1])
             devices = devices[:1]
         ref = self._call({devices[0]: cmd.Decode(request_id, tile)})[devices[0]].value
-        segment = shared_memory.SharedMemory(name=ref.name)
-        try:
-            return np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=segment.buf).copy()
-        finally:
-            segment.close()
-            segment.unlink()
+        return _take_image(ref)
 
     def decode_split(self, request_id: str, devices: tuple[int, ...], tile: tuple[int, int],
                      on_tiles: Callable[[tuple[int, ...]], None] | None = None) -> np.ndarray:
@@ -556,12 +551,7 @@ class NodeEngine:
         finally:
             for t in tiles.values():
                 unlink_shared(t.name)
-        segment = shared_memory.SharedMemory(name=ref.name)
-        try:
-            return np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=segment.buf).copy()
-        finally:
-            segment.close()
-            segment.unlink()
+        return _take_image(ref)
 
     def release(self, request_id: str) -> None:
         """Free a request's pages wherever they are (device or host) on live devices."""
@@ -615,3 +605,13 @@ class NodeEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _take_image(ref: cmd.SharedImage) -> np.ndarray:
+    """A copy of the image in a worker's segment ``ref``, the segment unlinked."""
+    segment = shared_memory.SharedMemory(name=ref.name)
+    try:
+        return np.ndarray(ref.shape, np.dtype(ref.dtype), buffer=segment.buf).copy()
+    finally:
+        segment.close()
+        segment.unlink()
