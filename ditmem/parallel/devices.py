@@ -318,17 +318,23 @@ class _GroupJob(JobStages):
             begin = self.clock()
             image = node.decode(request.id, owner.decode_tile)
             node.release(request.id)
-            self._event("decoded", [request.id], self.clock() - begin)
-            if owner.keep_outputs:
-                with owner._lock:
-                    owner.outputs[request.id] = image
-            if owner.on_output is not None:
-                owner.on_output(request.id, image)
+            self._deliver(request.id, image, begin)
             left[device] -= 1  # only this device's lane touches its count
             self._hand_back((device,) if not left[device] else (), (request.id,))
 
         _in_lanes(lanes, decode)
         self.timings.decode_s = self.clock() - mark
+
+    def _deliver(self, rid: str, image, begin: float) -> None:
+        """``rid``'s decoded ``image`` (its decode began at ``begin``): the event, then kept
+        and handed on as the owner asks."""
+        owner = self.devices
+        self._event("decoded", [rid], self.clock() - begin)
+        if owner.keep_outputs:
+            with owner._lock:
+                owner.outputs[rid] = image
+        if owner.on_output is not None:
+            owner.on_output(rid, image)
 
     def _gather(self, rid: str, device: int, dropped: list[str]) -> bool:
         """Move ``rid`` onto ``device`` alone for its decode; when that fails the request
@@ -396,12 +402,7 @@ class _GroupJob(JobStages):
                 owner._fail([request.id], exc, msg)
                 self._hand_back(tuple(d for d in ds if d not in freed), (request.id,))
                 return
-            self._event("decoded", [request.id], self.clock() - begin)
-            if owner.keep_outputs:
-                with owner._lock:
-                    owner.outputs[request.id] = image
-            if owner.on_output is not None:
-                owner.on_output(request.id, image)
+            self._deliver(request.id, image, begin)
             self._hand_back(tuple(d for d in ds if d not in freed), (request.id,))
 
         _in_lanes(work, decode)
