@@ -365,8 +365,9 @@ class _GroupJob(JobStages):
         """Each decode on its ``sets`` devices (``decode_devices``; fewer decodes than
         devices), its tiles spread over them (``NodeEngine.decode_split``; one tile or no
         tile geometry: on its lane alone). Each request is gathered onto its lane first (as
-        :meth:`decode`); then the devices with no work go back to the loop, each other
-        device as its tiles end, each lane with its request when its blend ends. A request
+        :meth:`decode`); then the devices with no work go back to the loop, the other
+        devices once all the decode's tiles end (the simulator frees each as its own tiles
+        end: up to one tile sooner), each lane with its request when its blend ends. A request
         whose gather or decode fails fails alone (handed back done, with its devices)."""
         owner, node = self.devices, self.node
         work: dict[int, list] = {}

@@ -495,9 +495,10 @@ class NodeEngine:
         ``scheduler.node.cost.split_tiles``): the holder shares its latents through shared
         memory, each device decodes its tiles (the others' come back through shared
         memory), and the holder blends them, as :meth:`decode` with ``tile`` would:
-        ``uint8 [H, W, 3]``, the same bits. ``on_tiles(others)`` once the other devices'
-        tiles are decoded (they are free from then; ``others``: those that got tiles, the
-        first k − 1 after the holder). A failed command raises
+        ``uint8 [H, W, 3]``, the same bits. ``on_tiles(others)`` once every device's tiles,
+        the holder's included, are decoded (one wait for all: the others are free from then,
+        not each as its own tiles end; ``others``: those that got tiles, the first k − 1
+        after the holder). A failed command raises
         (``CommandFailed`` / ``DeviceLost``); the holder's decode is dropped by
         :meth:`release`; no segment is left behind (the tiles of the devices that answered
         are unlinked too), except those a lost or late device makes after the failure."""
