@@ -143,16 +143,17 @@ def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int,
 
 def trace_limits(trace, cost) -> dict:
     """What the trace itself allows: the spread of standalone times, the offline bound on
-    attainment (no policy can do better) and a clairvoyant schedule's attainment."""
+    attainment (no policy can do better, packed steps charged in full:
+    ``scheduler.bound.min_misses_packed``) and a clairvoyant schedule's attainment."""
     import dataclasses
 
-    from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+    from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed
 
     reqs = [dataclasses.replace(r) for r in trace]
     alone = [cost.standalone_time(r) for r in reqs]
     n = len(reqs)
     return {"standalone_ratio": max(alone) / min(alone),
-            "bound_attainment": 1 - min_misses(reqs, cost) / n,
+            "bound_attainment": 1 - min_misses_packed(reqs, cost) / n,
             "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
 
 

@@ -111,7 +111,7 @@ def one_device_references(trace, profile: dict, factors: dict[str, float], polic
     ``sim_p50_s``, ``sim_p95_s``, ``sim_p99_s``."""
     from ditmem.engine.factory import make_policy_and_cost
     from ditmem.scheduler import CostModel
-    from ditmem.scheduler.bound import clairvoyant_misses, min_misses
+    from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.noise import TimingNoise
     from ditmem.scheduler.simulator import simulate
@@ -119,7 +119,7 @@ def one_device_references(trace, profile: dict, factors: dict[str, float], polic
     run_cost = CostModel(scale_profile(profile, factors))
     n = len(trace)
     out = {"factors": dict(factors),
-           "bound_attainment": 1 - min_misses(as_run(trace, run_cost), run_cost) / n,
+           "bound_attainment": 1 - min_misses_packed(as_run(trace, run_cost), run_cost) / n,
            "clairvoyant_attainment": 1 - clairvoyant_misses(as_run(trace, run_cost),
                                                             run_cost) / n}
     planner, _ = make_policy_and_cost(policy, CostModel(profile))
