@@ -148,12 +148,20 @@ class NodeCost:
         (``TILE_BYTES_PER_PIXEL`` per pixel of their share of the image over the host link)
         and three commands pay the links' fixed latency (the latent shared, the tiles, the
         blend). One device or one tile: ``([whole decode], 0.0)``."""
+        tiles, blend = self.decode_tile_parts(request, devices)
+        return [sum(ts) for ts in tiles], blend
+
+    def decode_tile_parts(self, request: Request, devices: int = 1
+                          ) -> tuple[list[list[float]], float]:
+        """:meth:`decode_parts` tile by tile: (per device, the seconds of each of its tiles
+        in the order it runs them; the blend's seconds). One device or one tile:
+        ``([[whole decode]], 0.0)``."""
         tiles = self.cost.decode_tiles(request)
         k = min(devices, len(tiles))
         if k <= 1:
-            return [sum(tiles)], 0.0
-        parts = [sum(tiles[i::k]) for i in range(k)]
-        others = 1.0 - parts[0] / sum(tiles)
+            return [[sum(tiles)]], 0.0
+        parts = [tiles[i::k] for i in range(k)]
+        others = 1.0 - sum(parts[0]) / sum(tiles)
         pixels = request.width * request.height * request.frames
         moved = pixels * others * TILE_BYTES_PER_PIXEL / self.links.host_bytes_per_s
         return parts, moved + 3 * self.links.move_latency_s

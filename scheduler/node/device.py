@@ -115,6 +115,12 @@ class NodeDevices(Protocol):
         """The next job completions, all finishing at the same earliest time, if that is no
         later than ``until`` (None: wait for one); else an empty list."""
 
+    def reclaim(self, job: Job, device: int, now: float) -> None:
+        """Take ``device``, a spare of one of ``job``'s split decodes, back at ``now``: it
+        ends the tile it is in and goes back to the loop (a ``Completion`` releasing it);
+        its later tiles run on the decode's lane (:func:`split_ends`). A device whose tiles
+        are done or in their last tile: nothing changes."""
+
 
 def decode_lanes(group: Group, decodes: int) -> list[int]:
     """The device of each of a job's ``decodes`` decodes (in ``Job.decodes`` order):
@@ -165,6 +171,34 @@ def decode_ends(group: Group, parts: list[tuple[list[float], float]], split: boo
         clock[ds[0]] = max(secs) + blend
         ends.append(clock[ds[0]])
     return ends, clock
+
+
+def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] | None = None
+               ) -> tuple[float, list[float]]:
+    """(the decode's end, each of its devices' ends), in seconds from the job's last step,
+    of one split decode: ``tiles[i]`` the seconds of each tile device i of its
+    :func:`decode_devices` runs, in order (device 0, the lane, blends after every tile is
+    done, ``blend`` s). ``taken``: spare i (≥ 1) → when (s from the last step) the loop
+    took it back (``NodeDevices.reclaim``): it ends the tile it is in then and stops; its
+    later tiles run on the lane, after the lane's own and not before they were taken back.
+    Without ``taken``: each device ends with its own tiles (:func:`decode_ends`)."""
+    ends = [sum(ts) for ts in tiles]
+    lane = ends[0]
+    for i, at in sorted((taken or {}).items(), key=lambda kv: kv[1]):
+        if not 0 < i < len(tiles):
+            raise ValueError(f"taken: spare {i} of a decode on {len(tiles)} devices")
+        clock = 0.0
+        for k, secs in enumerate(tiles[i]):
+            clock += secs
+            if clock > at:  # the tile it is in when taken back
+                left = sum(tiles[i][k + 1:])
+                if left:
+                    ends[i] = clock
+                    lane = max(lane, at) + left
+                break
+    end = max(lane, *ends[1:]) + blend
+    ends[0] = end
+    return end, ends
 
 
 def spread(durations: list[float], devices: int) -> float:
@@ -218,11 +252,19 @@ class _VirtualJob(JobStages):
         super().__init__(job)
         self.truth = devices.truth
         self.draw = devices.noise.draw
+        self.noise = devices.noise
         self.busy = devices.busy
         self.clock = start  # when the job's transfers have got to
         # seconds after the last step: each decode's end, each device's (``decode``)
         self.decode_ends: list[float] = []
         self.device_ends: dict[int, float] = {}
+        self.split_tiles: list[_SplitTiles] = []  # the split decodes' drawn tiles
+
+    def jitter(self):
+        """The job's own unbiased draws (its split decodes' tiles), seeded by the noise's
+        seed and the job."""
+        n = self.noise
+        return TimingNoise(n.sigma, 0.0, n.seed * 1_000_003 + self.job.job_id).draw
 
     def _move(self, mv: Move, secs: float) -> None:
         begin = busy_until(move_mask(mv.src, mv.dst), self.busy, self.clock)
@@ -263,10 +305,53 @@ class _VirtualJob(JobStages):
         sets = decode_devices(job.group, len(job.decodes), job.split_decodes)
         parts = []
         for r, ds in zip(job.decodes, sets, strict=True):
-            secs, blend = self.truth.decode_parts(r, len(ds))
-            parts.append(([draw(s) for s in secs], draw(blend) if blend else 0.0))
+            if len(ds) == 1:
+                secs, blend = self.truth.decode_parts(r, 1)
+                parts.append(([draw(s) for s in secs], draw(blend) if blend else 0.0))
+                continue
+            # the decode's factor from the main stream (one draw, as a whole decode's), each
+            # tile's and the blend's own jitter from the job's stream: a split does not
+            # shift the other durations' draws (common random numbers across variants)
+            tiles, blend = self.truth.decode_tile_parts(r, len(ds))
+            if len(tiles) == 1:  # one tile: whole, on its lane
+                parts.append(([draw(tiles[0][0])], 0.0))
+                continue
+            factor, jitter = draw(1.0), self.jitter()
+            tiles = [[factor * jitter(t) for t in ts] for ts in tiles]
+            blend = factor * jitter(blend) if blend else 0.0
+            self.split_tiles.append(_SplitTiles(r, ds, tiles, blend))
+            parts.append(([sum(ts) for ts in tiles], blend))
         self.decode_ends, self.device_ends = decode_ends(job.group, parts, job.split_decodes)
         self.timings.decode_s = max(self.device_ends.values(), default=0.0)
+
+
+@dataclass(slots=True)
+class _SplitTiles:
+    """One split decode's drawn tile seconds (per device of ``devices``, lane first), its
+    blend, and the spares taken back (position → seconds after the last step)."""
+
+    request: Request
+    devices: tuple[int, ...]
+    tiles: list[list[float]]
+    blend: float
+    taken: dict[int, float] = field(default_factory=dict)
+
+    def ends(self) -> tuple[float, list[float]]:
+        return split_ends(self.tiles, self.blend, self.taken)
+
+
+@dataclass(slots=True)
+class _SplitRun:
+    """A split job's state on ``VirtualDevices`` until its last event: what ``reclaim``
+    recomputes, and the heap sequence numbers of its events not yet handed out (by key: a
+    device, or "last")."""
+
+    job: Job
+    started: float
+    stepped: float
+    timings: Timings
+    decodes: list[_SplitTiles]
+    pending: dict[object, int] = field(default_factory=dict)
 
 
 class VirtualDevices:
@@ -285,6 +370,8 @@ class VirtualDevices:
         self._seq = 0
         self.link_busy_s = 0.0
         self.busy: list[float] = [0.0] * devices
+        self._splits: dict[int, _SplitRun] = {}  # split jobs until their last event
+        self._cancelled: set[int] = set()  # heap entries ``reclaim`` replaced
 
     def timings(self, job: Job, now: float = 0.0) -> Timings:
         """Run ``job`` launched at ``now``: its stages' true seconds (waits included)."""
@@ -336,31 +423,92 @@ class VirtualDevices:
                     stages: _VirtualJob) -> None:
         """A split job's events: its last step's end (devices with no work handed back),
         each device's end with its tiles (a lane's: with its decode's blend, the request
-        done), and the job's end."""
+        done), and the job's end. Kept until the job's end for ``reclaim``."""
         ends = stages.device_ends
         idle = tuple(d for d in job.group.devices if ends[d] == 0.0)
         self._push(Completion(job, now, stepped, t, idle, stepped=True, last=False))
+        run = _SplitRun(job, now, stepped, t, stages.split_tiles)
+        self._splits[job.job_id] = run
+        self._push_split_ends(run, ends)
+
+    def _push_split_ends(self, run: _SplitRun, ends: dict[int, float]) -> None:
+        job, stepped = run.job, run.stepped
         lane_of = {ds[0]: r for r, ds in zip(
             job.decodes, decode_devices(job.group, len(job.decodes), True), strict=True)}
+        keys = set(run.pending) if run.pending else set(job.group.devices) | {"last"}
+        run.pending = {}
         for d in job.group.devices:
-            if ends[d] == 0.0:
+            if ends[d] == 0.0 or d not in keys:
                 continue
             done = (lane_of[d].id,) if d in lane_of else ()
-            self._push(Completion(job, now, stepped + ends[d], t, (d,), done, last=False))
-        self._push(Completion(job, now, stepped + max(ends.values()), t))
+            run.pending[d] = self._push(Completion(job, run.started, stepped + ends[d],
+                                                   run.timings, (d,), done, last=False))
+        run.pending["last"] = self._push(Completion(job, run.started,
+                                                    stepped + max(ends.values()), run.timings))
 
-    def _push(self, done: Completion) -> None:
+    def reclaim(self, job: Job, device: int, now: float) -> None:
+        """``NodeDevices.reclaim``: the spare ``device`` of ``job``'s split decode ends the
+        tile it is in at ``now`` and goes back; its later tiles run on the lane
+        (:func:`split_ends`); the job's events not yet handed out move with it."""
+        run = self._splits.get(job.job_id)
+        if run is None or device not in run.pending:
+            return
+        split = next((sp for sp in run.decodes if device in sp.devices[1:]), None)
+        if split is None:
+            raise ValueError(f"reclaim: device {device} is no spare of job {job.job_id}")
+        pos = split.devices.index(device)
+        if pos in split.taken:
+            return
+        before = split.ends()
+        split.taken[pos] = max(0.0, now - run.stepped)
+        after = split.ends()
+        if after == before:
+            return
+        ends = dict.fromkeys(job.group.devices, 0.0)
+        for sp in run.decodes:
+            _, per = sp.ends()
+            ends.update(zip(sp.devices, per, strict=True))
+        for d in job.group.devices:  # devices outside every split decode: as launched
+            if ends[d] == 0.0 and d in run.pending:
+                ends[d] = self._heap_time(run.pending[d]) - run.stepped
+        for d, e in ends.items():
+            self.busy[d] = run.stepped + e if e else self.busy[d]
+        run.timings.decode_s = max(ends.values(), default=0.0)
+        for seq in run.pending.values():
+            self._cancelled.add(seq)
+        self._push_split_ends(run, ends)
+
+    def _heap_time(self, seq: int) -> float:
+        return next(t for t, q, _ in self._heap if q == seq)
+
+    def _push(self, done: Completion) -> int:
         self._seq += 1  # same time: in the order pushed
         heapq.heappush(self._heap, (done.finished, self._seq, done))
+        return self._seq
 
     def wait(self, until: float | None) -> list[Completion]:
+        self._drop_cancelled()
         if not self._heap or (until is not None and self._heap[0][0] > until):
             return []
         first = self._heap[0][0]
         out = []
         while self._heap and self._heap[0][0] == first:
-            out.append(heapq.heappop(self._heap)[2])
+            _, seq, done = heapq.heappop(self._heap)
+            if seq in self._cancelled:
+                self._cancelled.discard(seq)
+                continue
+            out.append(done)
+            run = self._splits.get(done.job.job_id)
+            if run is not None:
+                run.pending = {k: q for k, q in run.pending.items() if q != seq}
+                if done.last:
+                    del self._splits[done.job.job_id]
+            self._drop_cancelled()
         return out
 
+    def _drop_cancelled(self) -> None:
+        while self._heap and self._heap[0][1] in self._cancelled:
+            self._cancelled.discard(heapq.heappop(self._heap)[1])
+
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._heap) - len(self._cancelled)

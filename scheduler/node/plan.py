@@ -63,6 +63,24 @@ class NodeStatus:
 
 
 @dataclass(slots=True)
+class SpareDevice:
+    """A device working on another device's decode (a spare of a split decode,
+    ``Job.split_decodes``), as the loop predicts it (absolute seconds, the policy's model):
+    ``free_at`` when its tiles end, ``taken_free_at`` when it would be free if taken back
+    now (the end of the tile it is in: ``NodeDevices.reclaim``); ``decode_end`` /
+    ``taken_decode_end`` when the decode of ``request`` (on ``lane``) ends either way."""
+
+    device: int
+    job_id: int
+    request: Request
+    lane: int
+    free_at: float
+    taken_free_at: float
+    decode_end: float
+    taken_decode_end: float
+
+
+@dataclass(slots=True)
 class NodeView:
     """The snapshot a node policy decides on (see the module docstring)."""
 
@@ -80,6 +98,9 @@ class NodeView:
     #: it); ``now`` or earlier when idle. A move of paused state starts only when all its
     #: devices are free (``NodeCost.move_wait``). Missing entries: free.
     busy_until: list[float] = field(default_factory=list)
+    #: Devices that may be taken back between the tiles of a split decode (none unless the
+    #: loop asks ``take_back``).
+    spares: list[SpareDevice] = field(default_factory=list)
 
     @property
     def started(self) -> int:

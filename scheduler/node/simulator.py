@@ -29,9 +29,10 @@ from .device import (
     decode_devices,
     decode_ends,
     decode_lanes,
+    split_ends,
 )
 from .intake import NodeIntake, TraceIntake
-from .plan import Assignment, NodeStatus, NodeView
+from .plan import Assignment, NodeStatus, NodeView, SpareDevice
 from .topology import Group, Node
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,31 @@ class NodeResult:
 
 
 @dataclass(slots=True)
+class _SplitPlan:
+    """A split decode as the loop predicts it (the policy's model): its job, request,
+    devices (lane first), each device's tile seconds, the blend, when its job's steps
+    ended (None until then) and the spares taken back (position → s after that)."""
+
+    job: Job
+    request: Request
+    devices: tuple[int, ...]
+    tiles: list[list[float]]
+    blend: float
+    stepped: float | None = None
+    taken: dict[int, float] = field(default_factory=dict)
+
+    def spare(self, device: int, now: float) -> SpareDevice:
+        """What the policy sees of spare ``device`` at ``now`` (after the steps)."""
+        t0, pos = self.stepped, self.devices.index(device)
+        end, ends = split_ends(self.tiles, self.blend, self.taken)
+        taken = dict(self.taken)
+        taken[pos] = max(0.0, now - t0)
+        end2, ends2 = split_ends(self.tiles, self.blend, taken)
+        return SpareDevice(device, self.job.job_id, self.request, self.devices[0],
+                           t0 + ends[pos], t0 + ends2[pos], t0 + end, t0 + end2)
+
+
+@dataclass(slots=True)
 class _Running:
     """A launched job until its last event: its members, the devices it still holds, the
     device each of its decodes runs on, and what it finished."""
@@ -100,6 +126,8 @@ class _State:
         # Predicted end of each device's job, and of moves of other jobs reading from it.
         self.job_ends = [0.0] * node.devices
         self.sends = [0.0] * node.devices
+        #: spare device of a split decode → its decode's plan (until the device is back)
+        self.spares: dict[int, _SplitPlan] = {}
 
     @property
     def busy(self) -> list[float]:
@@ -179,6 +207,31 @@ def run_node(
     changed = True
     # the policy's choice, per job (a policy object need not derive from NodePolicy)
     split_decode = getattr(policy, "split_decode", None)
+    take_back = getattr(policy, "take_back", None)
+    policy_yields = take_back is not None and bool(getattr(policy, "split_yield", False))
+
+    def reclaim(now: float) -> None:
+        """Ask the policy which spares of split decodes to take back now; tell the devices
+        and move the loop's predictions (the spare's end, the lane's, its request's)."""
+        spares = [sp.spare(d, now) for d, sp in st.spares.items()
+                  if sp.stepped is not None and sp.devices.index(d) not in sp.taken]
+        if not spares:
+            return
+        view = st.view(now)
+        view.spares = spares
+        by_device = {x.device: x for x in spares}
+        for d in take_back(view):
+            x = by_device.get(d)
+            if x is None:
+                raise PlanError(f"take_back: device {d} is no spare of a split decode")
+            sp = st.spares[d]
+            sp.taken[sp.devices.index(d)] = max(0.0, now - sp.stepped)
+            devices.reclaim(sp.job, d, now)
+            st.job_ends[d] = min(st.job_ends[d], x.taken_free_at)
+            st.job_ends[x.lane] = max(st.job_ends[x.lane], x.taken_decode_end)
+            s = st.started.get(sp.request.id)
+            if s is not None:
+                s.job_end = max(s.job_end, x.taken_decode_end)
 
     def launch(a: Assignment, split: bool) -> None:
         nonlocal jobs
@@ -236,6 +289,13 @@ def run_node(
                 s.preemptions += 1
             s.running, s.job_end = True, ends.get(s.id, stepped)
         devices.launch(job, now)
+        if split and policy_yields:
+            for r, ds in zip(decodes, decode_devices(g, len(decodes), True), strict=True):
+                if len(ds) > 1:
+                    tiles, blend = policy.ncost.decode_tile_parts(r, len(ds))
+                    sp = _SplitPlan(job, r, ds, tiles, blend)
+                    for d in ds[1:len(tiles)]:
+                        st.spares[d] = sp
         lanes = decode_lanes(g, len(decodes))
         st.running[job.job_id] = _Running(
             members, g.mask, {r.id: d for r, d in zip(decodes, lanes, strict=True)})
@@ -246,6 +306,9 @@ def run_node(
         """``job``'s steps ended at ``t``: members that do not decode are paused; a
         decoding one is now on its decode's device alone (its pages too)."""
         run.stepped = True
+        for sp in st.spares.values():
+            if sp.job is job:
+                sp.stepped = t
         degree = job.group.degree
         for s in run.members:
             s.degrees[degree] = s.degrees.get(degree, 0) + job.steps
@@ -296,6 +359,8 @@ def run_node(
         release = run.held if c.last else sum(1 << d for d in c.released) & run.held
         run.held &= ~release
         st.free |= release & ~lost
+        for d in [d for d, sp in st.spares.items() if release >> d & 1 and sp.job is job]:
+            del st.spares[d]
         for d in job.group.devices:
             if release >> d & 1:  # its work in the job is over, whatever was predicted
                 st.job_ends[d] = min(st.job_ends[d], c.finished)
@@ -355,6 +420,10 @@ def run_node(
             changed = True
         if intake.closed() and not st.waiting and not st.started and not st.running:
             break
+        if changed and policy_yields and st.spares and (
+            st.waiting or any(not s.running for s in st.started.values())
+        ):
+            reclaim(now)
         if changed and st.free and (
             st.waiting or any(not s.running for s in st.started.values())
         ):

@@ -117,3 +117,51 @@ def test_one_tile_decodes_are_unchanged_by_the_split():
         res = simulate_node(rs, pol, node, noise=TimingNoise(sigma=0.03, seed=1))
         out.append([(r.request.id, r.finished, r.degrees) for r in res.records])
     assert out[0] == out[1]
+
+
+def test_split_ends_by_hand():
+    """Two devices, 2 tiles of 1 s each; the spare taken back at 0.5 s ends its tile at
+    1 s and its second tile runs on the lane after the lane's two: 3 s, then the blend."""
+    from ditmem.scheduler.node.device import split_ends
+
+    assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25) == (2.25, [2.25, 2.0])
+    assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25, {1: 0.5}) == (3.25, [3.25, 1.0])
+    # taken back in its last tile, or after its tiles: nothing changes
+    assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25, {1: 1.5}) == (2.25, [2.25, 2.0])
+    assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25, {1: 7.0}) == (2.25, [2.25, 2.0])
+    # the lane idle by then (its own tiles done at 1 s): the leftovers start when taken
+    assert split_ends([[1.0], [1.0, 1.0, 1.0]], 0.0, {1: 1.5}) == (2.5, [2.5, 2.0])
+    with pytest.raises(ValueError, match="taken"):
+        split_ends([[1.0], [1.0]], 0.0, {0: 0.5})
+
+
+def test_a_small_request_takes_the_spare_device_back_between_tiles():
+    """The lone 1024² (steps end at 8 s; tiles 0, 2 on device 0, 1, 3 on device 1, 1 s
+    each) and a 512² (1 s alone) arriving at 8.5 s with a deadline 1.6 s after it (10.1 s).
+    Split alone: device 1 is back at 10 s, the 512² done at 11 s (missed). With
+    ``split_yield``: device 1 is taken back after tile 1 (9 s), the 512² runs 9-10 s (met);
+    tile 3 runs on device 0 after its own two (10-11 s), the 1024² done at 11 s + blend."""
+    nc = _cost()
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", 8.5, size=512, steps=1, cost=nc.cost, scale=1.6)]
+    assert rs[1].deadline == pytest.approx(10.1)
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
+    taken = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                      split_yield=True))
+    assert split["small"].finished == pytest.approx(11.0) and not split["small"].met
+    assert split["big"].finished == pytest.approx(10.0 + BLEND)
+    assert taken["small"].finished == pytest.approx(10.0) and taken["small"].met
+    assert taken["small"].degrees == {1: 1}
+    assert taken["big"].finished == pytest.approx(11.0 + BLEND)
+
+
+def test_no_take_back_for_a_request_that_makes_it_anyway():
+    """The same, the 512²'s deadline 3 s after its arrival (11.5 s): it meets it on device 1
+    once the spare's tiles end, so the spare is not taken back (the same schedule)."""
+    nc = _cost()
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", 8.5, size=512, steps=1, cost=nc.cost)]
+    taken = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                      split_yield=True))
+    assert taken["small"].finished == pytest.approx(11.0) and taken["small"].met
+    assert taken["big"].finished == pytest.approx(10.0 + BLEND)

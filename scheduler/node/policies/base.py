@@ -16,6 +16,13 @@ class NodePolicy:
     name = "base"
     #: whether the loop spreads a job's decodes over its spare devices (``Job.split_decodes``)
     split_decodes = False
+    #: whether the loop may take a split decode's spare devices back between tiles
+    #: (``take_back``), and how many waiting requests (by deadline) that rule looks at
+    split_yield = False
+    yield_window = 16
+    #: fraction of a request's remaining time added when judging whether it misses without
+    #: a spare (timing error)
+    yield_margin = 0.0
 
     def __init__(self, ncost: NodeCost, node: Node):
         self.ncost = ncost
@@ -29,6 +36,44 @@ class NodePolicy:
         it runs) over its group's spare devices (``Job.split_decodes``); ``plan``: the
         decision it is part of, made on ``view``. Here: ``split_decodes``."""
         return self.split_decodes
+
+    def take_back(self, view: NodeView) -> list[int]:
+        """Spare devices of split decodes (``view.spares``) the loop takes back now, between
+        two of their tiles (``NodeDevices.reclaim``; the rest of their tiles run on the
+        decode's lane). With ``split_yield``: a spare goes to a waiting or paused request
+        that would miss its deadline started on the first device free as things are, and
+        meets it started on the spare once its tile ends (both alone at degree 1, the policy's
+        model), unless the decode it leaves would then miss a deadline it meets now;
+        the most urgent such request first, one request per spare. Else none."""
+        if not self.split_yield or not view.spares:
+            return []
+        now, ncost = view.now, self.ncost
+        free_now = view.free != 0
+        first_free = now if free_now else min(
+            (max(now, b) for b in view.busy_until), default=now)
+        candidates = [(s.request, s.steps_done) for s in view.paused]
+        candidates += [(r, 0) for r in view.waiting.iter_by("deadline", self.yield_window)]
+        candidates.sort(key=lambda c: c[0].deadline)
+        out: list[int] = []
+        spares = sorted(view.spares, key=lambda sp: sp.taken_free_at)
+        for req, done in candidates:
+            if not spares:
+                break
+            need = ncost.remaining(req, done, 1)
+            if first_free + need * (1 + self.yield_margin) <= req.deadline:
+                continue  # it makes it without a spare
+            for sp in spares:
+                if sp.taken_free_at >= sp.free_at - 1e-9:
+                    continue  # in its last tile: taking it back frees it no sooner
+                if sp.taken_free_at + need > req.deadline:
+                    continue
+                holder = sp.request.deadline
+                if sp.taken_decode_end > holder >= sp.decode_end:
+                    continue  # the decode it leaves would miss
+                out.append(sp.device)
+                spares.remove(sp)
+                break
+        return out
 
     def forget(self, request_id: str) -> None:
         """Drop what the policy keeps about a request that will never finish."""

@@ -47,6 +47,7 @@ class DecisionLog(NodePolicy):
         self.name = policy.name
         self.large = large
         self.log: list[Decision] = []
+        self.split_yield = getattr(policy, "split_yield", False)
 
     def schedule(self, view: NodeView) -> NodePlan:
         plan = self.policy.schedule(view)
@@ -67,6 +68,9 @@ class DecisionLog(NodePolicy):
 
     def split_decode(self, view: NodeView, plan: NodePlan, assignment) -> bool:
         return self.policy.split_decode(view, plan, assignment)
+
+    def take_back(self, view: NodeView) -> list[int]:
+        return self.policy.take_back(view)
 
     def observe(self, report) -> None:
         self.policy.observe(report)

@@ -152,7 +152,9 @@ class NodeSloPolicy(NodePolicy):
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0), ``split_decodes`` (a job with fewer decodes than devices spreads each
     decode's tiles over the spare ones: ``node.device.decode_devices``; its last job is
-    then priced with the split decode)."""
+    then priced with the split decode), ``split_yield`` (the loop may take those spare
+    devices back between tiles for a request that would miss otherwise:
+    ``NodePolicy.take_back``)."""
 
     name = "slo"
 
@@ -185,9 +187,13 @@ class NodeSloPolicy(NodePolicy):
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
         split_decodes: bool = False,
+        split_yield: bool = False,
+        yield_margin: float = 0.0,
     ):
         super().__init__(ncost, node)
         self.split_decodes = split_decodes
+        self.split_yield = split_yield
+        self.yield_margin = yield_margin
         self.window = window
         self.give_up_power = give_up_power
         self.forecast = ArrivalForecast() if forecast else None
