@@ -11,7 +11,10 @@ onto the whole group), ``steps`` packed steps at the group's degree, decodes (ea
 device, then the devices without a decode go back to the loop at once and each request as
 its decode ends: partial ``Completion`` events; with ``Job.split_decodes`` and fewer
 decodes than devices, each decode's tiles spread over its ``decode_devices``, blended on its
-lane: ``NodeEngine.decode_split``). ``wait`` hands completions back in wall time
+lane: ``NodeEngine.decode_split``; each spare device back as its own tiles end, or between
+two of them when the loop takes it back: :meth:`EngineDevices.reclaim`). Each decode's
+seconds go back in ``Timings.decodes`` (the policy's decode-time learning). ``wait`` hands
+completions back in wall time
 since the start, so the
 same loop that drives the simulator's virtual devices replays a trace in real time.
 
@@ -131,6 +134,8 @@ class EngineDevices:
         self.moves: deque[MoveRecord] = deque(maxlen=MOVES_KEPT)
         self._done: queue.Queue[Completion | _Woken] = queue.Queue()
         self._lock = threading.Lock()
+        #: job id → the spare devices of its split decodes the loop took back (``reclaim``)
+        self._taken: dict[int, set[int]] = {}
 
     def now(self) -> float:
         """Seconds since the devices were created (the loop's time axis)."""
@@ -139,6 +144,17 @@ class EngineDevices:
     def launch(self, job: Job, now: float) -> None:
         threading.Thread(target=self._run, args=(job, now), name=f"ditmem-job-{job.job_id}",
                          daemon=True).start()
+
+    def reclaim(self, job: Job, device: int, now: float) -> None:
+        """``NodeDevices.reclaim``: ``device``, a spare of ``job``'s split decode, stops
+        before its next tile (the one it runs ends first) and goes back to the loop; its
+        tiles left run on the decode's lane (``NodeEngine.decode_split``'s ``taken``)."""
+        with self._lock:
+            self._taken.setdefault(job.job_id, set()).add(device)
+
+    def _is_taken(self, job_id: int, device: int) -> bool:
+        with self._lock:
+            return device in self._taken.get(job_id, ())
 
     def notify(self) -> None:
         """Make the loop's current (or next) ``wait`` return early, with no completion."""
@@ -166,6 +182,8 @@ class EngineDevices:
             with self._lock:
                 rids = [rid for rid in owned if rid not in self.failed]
             self._fail(rids, exc, msg)
+        with self._lock:
+            self._taken.pop(job.job_id, None)
         self._done.put(Completion(job, started, self.now(), t))
 
     def _fail(self, rids: list[str], exc: BaseException, msg: str) -> None:
@@ -196,7 +214,7 @@ class EngineDevices:
             job = Job(job.job_id, job.group, [r for r in job.batch if r.id not in gone],
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
-                      [r for r in job.decodes if r.id not in gone])
+                      [r for r in job.decodes if r.id not in gone], job.split_decodes)
         stages = _GroupJob(self, job, t, started, owned, lanes)
         run_job(job, stages)
 
@@ -318,12 +336,20 @@ class _GroupJob(JobStages):
             begin = self.clock()
             image = node.decode(request.id, owner.decode_tile)
             node.release(request.id)
+            self._measured(request.id, 1, begin)
             self._deliver(request.id, image, begin)
             left[device] -= 1  # only this device's lane touches its count
             self._hand_back((device,) if not left[device] else (), (request.id,))
 
         _in_lanes(lanes, decode)
         self.timings.decode_s = self.clock() - mark
+
+    def _measured(self, rid: str, devices: int, begin: float) -> None:
+        """``rid``'s decode over ``devices`` devices, begun at ``begin``, ended now: into
+        the job's ``Timings.decodes`` (the policy's ``NodeCost.observe_decode``)."""
+        secs = self.clock() - begin
+        with self.devices._lock:
+            self.timings.decodes.append((rid, devices, secs))
 
     def _deliver(self, rid: str, image, begin: float) -> None:
         """``rid``'s decoded ``image`` (its decode began at ``begin``): the event, then kept
@@ -365,10 +391,11 @@ class _GroupJob(JobStages):
         """Each decode on its ``sets`` devices (``decode_devices``; fewer decodes than
         devices), its tiles spread over them (``NodeEngine.decode_split``; one tile or no
         tile geometry: on its lane alone). Each request is gathered onto its lane first (as
-        :meth:`decode`); then the devices with no work go back to the loop, the other
-        devices once all the decode's tiles end (the simulator frees each as its own tiles
-        end: up to one tile sooner), each lane with its request when its blend ends. A request
-        whose gather or decode fails fails alone (handed back done, with its devices)."""
+        :meth:`decode`); then the devices with no work go back to the loop, each other
+        device as its own tiles end or when the loop takes it back between two of them
+        (:meth:`EngineDevices.reclaim`; as the simulator), each lane with its request when
+        its blend ends. A request whose gather or decode fails fails alone (handed back
+        done, with its devices)."""
         owner, node = self.devices, self.node
         work: dict[int, list] = {}
         used: dict[str, tuple[int, ...]] = {}
@@ -381,21 +408,27 @@ class _GroupJob(JobStages):
         busy = {d for ds in used.values() for d in ds}
         self._hand_back(tuple(d for d in self.group if d not in busy), tuple(dropped),
                         stepped=True)
+        job_id = self.job.job_id
 
         def decode(request, lane: int) -> None:
             ds, begin = used[request.id], self.clock()
             freed: list[int] = []
+            lock = threading.Lock()
 
-            def tiles_done(others: tuple[int, ...]) -> None:
-                freed.extend(others)
+            def tiles_done(others: tuple[int, ...]) -> None:  # from a spare's thread
+                with lock:
+                    freed.extend(others)
                 self._hand_back(others)
 
             try:
                 if len(ds) == 1:
                     image = node.decode(request.id, owner.decode_tile)
                 else:
-                    image = node.decode_split(request.id, ds, owner.decode_tile, tiles_done)
+                    image = node.decode_split(request.id, ds, owner.decode_tile, tiles_done,
+                                              lambda d: owner._is_taken(job_id, d))
                 node.release(request.id)
+                if not any(owner._is_taken(job_id, d) for d in ds[1:]):
+                    self._measured(request.id, len(ds), begin)  # whole: learned from
             except Exception as exc:  # this request fails; the job's others go on
                 msg = (f"job {self.job.job_id}: split decode of {request.id} on {ds}: "
                        f"{type(exc).__name__}: {exc}")

@@ -488,20 +488,22 @@ class NodeEngine:
         return _take_image(ref)
 
     def decode_split(self, request_id: str, devices: tuple[int, ...], tile: tuple[int, int],
-                     on_tiles: Callable[[tuple[int, ...]], None] | None = None) -> np.ndarray:
+                     on_tiles: Callable[[tuple[int, ...]], None] | None = None,
+                     taken: Callable[[int], bool] | None = None) -> np.ndarray:
         """VAE-decode a finished request held at degree 1 on ``devices[0]`` with its tiles
         (``tile`` = (tile_px, stride_px), the VAE's tiled decode) spread over ``devices``
         (any devices, tile t on the (t mod k)-th, k = min(len(devices), tiles):
         ``scheduler.node.cost.split_tiles``): the holder shares its latents through shared
-        memory, each device decodes its tiles (the others' come back through shared
-        memory), and the holder blends them, as :meth:`decode` with ``tile`` would:
-        ``uint8 [H, W, 3]``, the same bits. ``on_tiles(others)`` once every device's tiles,
-        the holder's included, are decoded (one wait for all: the others are free from then,
-        not each as its own tiles end; ``others``: those that got tiles, the first k − 1
-        after the holder). A failed command raises
-        (``CommandFailed`` / ``DeviceLost``); the holder's decode is dropped by
-        :meth:`release`; no segment is left behind (the tiles of the devices that answered
-        are unlinked too), except those a lost or late device makes after the failure."""
+        memory, each other device decodes its tiles one command each (they come back through
+        shared memory), and the holder blends them, as :meth:`decode` with ``tile`` would:
+        ``uint8 [H, W, 3]``, the same bits. ``on_tiles((device,))`` as each other device's
+        tiles end (it is free from then: ``scheduler.node.device.split_ends``). ``taken(d)``,
+        asked before each of device d's tiles but its first: True takes d back there — it
+        stops, ``on_tiles((d,))``, and its tiles left run on the holder after the holder's
+        own. A failed command raises (``CommandFailed`` / ``DeviceLost``) once every device
+        has stopped; the holder's decode is dropped by :meth:`release`; no segment is left
+        behind (every tile that came back is unlinked), except one a lost device makes
+        after the failure."""
         from ditmem.parallel.worker import unlink_shared
         from ditmem.scheduler.node.cost import split_tiles
 
@@ -515,38 +517,61 @@ class NodeEngine:
         latent, units = self._call({lane: cmd.ShareLatent(request_id, tile)})[lane].value
         parts = split_tiles(units, len(devices))
         tiles: dict[int, cmd.SharedTensor] = {}
-        futures: dict[int, Future] = {}
+        errors: list[BaseException] = []
+        cond = threading.Condition()
+        left: deque[int] = deque()  # tiles of the devices taken back, for the holder
+        running = len(parts) - 1
+
+        def spare(device: int, indices: list[int]) -> None:
+            nonlocal running
+            try:
+                for n, k in enumerate(indices):
+                    if n and (errors or (taken is not None and taken(device))):
+                        with cond:
+                            left.extend(indices[n:])
+                        break
+                    ref = self._call({device: cmd.DecodeTiles(request_id, tile, [k], latent)}
+                                     )[device].value[0]
+                    with cond:
+                        tiles[k] = ref
+            except BaseException as exc:  # raised below, once every device has stopped
+                errors.append(exc)
+            finally:
+                with cond:
+                    running -= 1
+                    cond.notify_all()
+            if on_tiles is not None and not errors:
+                on_tiles((device,))
+
+        threads = [threading.Thread(target=spare, args=(devices[i], idx), daemon=True)
+                   for i, idx in enumerate(parts[1:], start=1)]
         try:
-            commands = {devices[i]: cmd.DecodeTiles(request_id, tile, idx,
-                                                    None if i == 0 else latent)
-                        for i, idx in enumerate(parts)}
-            with self._lock:
-                gone = sorted(set(commands) & set(self.dead))
-            if gone:
-                raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
-            futures = self.submit(commands)
-            replies = self._wait(futures, self.command_timeout_s)
-            for i, idx in enumerate(parts[1:], start=1):
-                reply = replies[devices[i]]
-                if reply.ok:
-                    tiles.update(zip(idx, reply.value, strict=True))
-            errors = {d: r.error for d, r in replies.items() if not r.ok}
+            for t in threads:
+                t.start()
+            try:
+                self._call({lane: cmd.DecodeTiles(request_id, tile, parts[0])})
+                while True:  # then the tiles of the devices taken back, as they stop
+                    with cond:
+                        while not left and running and not errors:
+                            cond.wait()
+                        if errors or (not left and not running):
+                            break
+                        k = left.popleft()
+                    self._call({lane: cmd.DecodeTiles(request_id, tile, [k])})
+            except BaseException as exc:
+                errors.append(exc)
+                with cond:
+                    cond.notify_all()
+            for t in threads:
+                t.join()
             if errors:
-                raise CommandFailed("; ".join(f"device {d}: {e}"
-                                              for d, e in sorted(errors.items())))
+                raise errors[0]
         except BaseException:
-            # the tiles of every device that did answer, also when another was lost
-            names = {ref.name for ref in tiles.values()}
-            for f in futures.values():
-                if f.done() and not f.cancelled() and f.exception() is None and f.result().ok:
-                    names.update(ref.name for ref in f.result().value or ())
-            for name in names:
-                unlink_shared(name)
+            for ref in tiles.values():
+                unlink_shared(ref.name)
             raise
         finally:
             unlink_shared(latent.name)
-        if on_tiles is not None:
-            on_tiles(tuple(devices[1:len(parts)]))
         try:
             ref = self._call({lane: cmd.BlendTiles(request_id, tiles)})[lane].value
         finally:

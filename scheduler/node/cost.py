@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..cost import CostModel
+from ..cost import CostModel, _decode_bucket
 from ..request import Request
 from .speedup import ParallelProfile
 from .topology import Group
@@ -101,6 +101,7 @@ class NodeCost:
         self._alpha = correction_alpha
         self._correction: dict[str, float] = {}
         self._move_correction: dict[str, float] = {}
+        self._decode_correction: dict[tuple[str, int], float] = {}
         self._alone: dict[tuple[str, int, int], float] = {}
         self._batch: dict[tuple, float] = {}
 
@@ -137,7 +138,7 @@ class NodeCost:
         """Seconds still needed alone at ``degree``: steps left + decode (+ encode when it
         has not started)."""
         rest = (request.steps - steps_done) * self.alone_step(request, degree)
-        rest += self.cost.decode_time(request)
+        rest += self.decode_time(request)
         return rest + (self.cost.encode_time(request) if steps_done == 0 else 0.0)
 
     def decode_parts(self, request: Request, devices: int = 1) -> tuple[list[float], float]:
@@ -157,6 +158,9 @@ class NodeCost:
         in the order it runs them; the blend's seconds). One device or one tile:
         ``([[whole decode]], 0.0)``."""
         tiles = self.cost.decode_tiles(request)
+        factor = self.decode_correction(request)
+        if factor != 1.0:
+            tiles = [t * factor for t in tiles]
         k = min(devices, len(tiles))
         if k <= 1:
             return [[sum(tiles)]], 0.0
@@ -165,6 +169,36 @@ class NodeCost:
         pixels = request.width * request.height * request.frames
         moved = pixels * others * TILE_BYTES_PER_PIXEL / self.links.host_bytes_per_s
         return parts, moved + 3 * self.links.move_latency_s
+
+    def decode_correction(self, request: Request) -> float:
+        """The learned measured/predicted factor of decodes of ``request``'s shape class
+        (model, half-octave of megapixels; 1 until observed: ``observe_decode``)."""
+        return self._decode_correction.get((request.model, _decode_bucket(request)), 1.0)
+
+    def decode_time(self, request: Request) -> float:
+        """Seconds of ``request``'s whole decode on one device (the profile's, learned
+        factor included)."""
+        return self.cost.decode_time(request) * self.decode_correction(request)
+
+    def observe_decode(self, request: Request, devices: int, measured_s: float) -> None:
+        """Fold one measured decode (``measured_s`` from its start to its image) of its
+        tiles spread over ``devices`` devices (1: whole, on one) into its shape class's
+        factor: the tiles' part is what scales (``measured − blend`` against the slowest
+        device's tiles); the node engine reports each decode no spare of which was taken
+        back. Kept here, not in the CostModel (whose decode factors the simulator's truth
+        shares)."""
+        if not (measured_s > 0 and math.isfinite(measured_s)) or devices < 1:
+            return
+        base = self.cost.decode_tiles(request)
+        k = min(devices, len(base))
+        tiles_s = max(sum(base[i::k]) for i in range(k)) if k > 1 else sum(base)
+        blend = self.decode_tile_parts(request, devices)[1] if k > 1 else 0.0
+        if tiles_s <= 0 or measured_s <= blend:
+            return
+        key = (request.model, _decode_bucket(request))
+        old = self._decode_correction.get(key, 1.0)
+        ratio = (measured_s - blend) / tiles_s
+        self._decode_correction[key] = (1 - self._alpha) * old + self._alpha * ratio
 
     def standalone(self, request: Request, degree: int = 1) -> float:
         return self.remaining(request, 0, degree)

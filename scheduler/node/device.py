@@ -11,7 +11,10 @@ last step it runs (single-device, round-robin over the group: ``decode_lanes``).
 its devices back one by one (``Completion``): after its last step the devices with no
 decode, and each request as its own decode ends (its device with the last decode on it),
 so a degree-2 job's second device does not idle in the first's decode and a request does
-not wait for another's. ``NodeDevices`` is what an engine with
+not wait for another's. A split decode (``Job.split_decodes``) hands each spare device back
+as its own tiles end, or sooner when the loop takes it back between two tiles
+(``NodeDevices.reclaim``; its tiles left run on the lane: :func:`split_ends`). ``NodeDevices``
+is what an engine with
 real devices implements (``launch`` hands a job to the group's workers, ``wait`` blocks for
 the next completion or until a time); ``VirtualDevices`` draws every duration around the
 node cost model with ``TimingNoise`` (the simulator's truth is not the policy's model).
@@ -79,6 +82,10 @@ class Timings:
     decode_s: float = 0.0
     wait_s: float = 0.0
     move_s: list[float] = field(default_factory=list)
+    #: (request id, devices its tiles ran on, seconds from its start to its image) per decode
+    #: the devices measured whole (what ``NodeCost.observe_decode`` learns from; a split
+    #: decode whose spare was taken back is left out)
+    decodes: list[tuple[str, int, float]] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -308,6 +315,7 @@ class _VirtualJob(JobStages):
             if len(ds) == 1:
                 secs, blend = self.truth.decode_parts(r, 1)
                 parts.append(([draw(s) for s in secs], draw(blend) if blend else 0.0))
+                self.timings.decodes.append((r.id, 1, sum(parts[-1][0])))
                 continue
             # the decode's factor from the main stream (one draw, as a whole decode's), each
             # tile's and the blend's own jitter from the job's stream: a split does not
@@ -315,12 +323,14 @@ class _VirtualJob(JobStages):
             tiles, blend = self.truth.decode_tile_parts(r, len(ds))
             if len(tiles) == 1:  # one tile: whole, on its lane
                 parts.append(([draw(tiles[0][0])], 0.0))
+                self.timings.decodes.append((r.id, 1, parts[-1][0][0]))
                 continue
             factor, jitter = draw(1.0), self.jitter()
             tiles = [[factor * jitter(t) for t in ts] for ts in tiles]
             blend = factor * jitter(blend) if blend else 0.0
             self.split_tiles.append(_SplitTiles(r, ds, tiles, blend))
             parts.append(([sum(ts) for ts in tiles], blend))
+            self.timings.decodes.append((r.id, len(tiles), max(parts[-1][0]) + blend))
         self.decode_ends, self.device_ends = decode_ends(job.group, parts, job.split_decodes)
         self.timings.decode_s = max(self.device_ends.values(), default=0.0)
 
@@ -474,6 +484,8 @@ class VirtualDevices:
         for d, e in ends.items():
             self.busy[d] = run.stepped + e if e else self.busy[d]
         run.timings.decode_s = max(ends.values(), default=0.0)
+        rid = split.request.id  # no longer a whole split decode: not learned from
+        run.timings.decodes[:] = [e for e in run.timings.decodes if e[0] != rid]
         for seq in run.pending.values():
             self._cancelled.add(seq)
         self._push_split_ends(run, ends)

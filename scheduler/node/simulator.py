@@ -5,8 +5,10 @@ so the node engine can drive real devices with it; ``simulate_node`` runs it on
 ``VirtualDevices`` (durations drawn around the profile with ``TimingNoise``). Each job's
 order is the single-device loop's, by the same function (``node.device.run_job`` calls
 ``ditmem.scheduler.loop.run_stages``): offload → restore/migrate → admit/encode → step(s) →
-decode. The loop keeps the numbers a policy sees (free devices, pages per device, host
-pages) and checks every plan: a broken rule raises ``PlanError`` naming it.
+decode. Between the tiles of a split decode the loop asks ``policy.take_back`` whether to
+take a spare device back (``NodeDevices.reclaim``). The loop keeps the numbers a policy
+sees (free devices, pages per device, host pages) and checks every plan: a broken rule
+raises ``PlanError`` naming it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class NodeReport:
     wait_s: float = 0.0
     #: (kind, predicted s, measured s) per move the devices timed (``NodeCost.observe_move``).
     moves: list[tuple[str, float, float]] = field(default_factory=list)
+    #: (request, devices, measured s) per decode the devices measured whole
+    #: (``Timings.decodes``; ``NodeCost.observe_decode``).
+    decodes: list[tuple[Request, int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -376,10 +381,13 @@ def run_node(
             (mv.kind, mv.predicted_s, secs)
             for mv, secs in zip(job.moves, t.move_s, strict=False)
         ]
+        by_id = {r.id: r for r in job.decodes}
+        decoded = [(by_id[rid], n, secs) for rid, n, secs in t.decodes if rid in by_id]
         policy.observe(
             NodeReport(c.finished, job.group, [r.id for r in job.batch], model,
                        [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
-                       t.encode_s, t.step_s, t.decode_s, list(run.finished), t.wait_s, moves)
+                       t.encode_s, t.step_s, t.decode_s, list(run.finished), t.wait_s, moves,
+                       decoded)
         )
 
     def drop(rid: str) -> bool:

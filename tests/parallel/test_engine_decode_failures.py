@@ -98,10 +98,11 @@ class SplittingNode(ScriptedNode):
         super().__init__(**kw)
         self.broken = set(broken)
 
-    def decode_split(self, rid, devices, tile, on_tiles=None):
+    def decode_split(self, rid, devices, tile, on_tiles=None, taken=None):
         self.calls.append(("split", rid, tuple(devices), tile))
         if on_tiles is not None:
-            on_tiles(tuple(devices[1:]))
+            for d in devices[1:]:  # each other device as its tiles end
+                on_tiles((d,))
         if rid in self.broken:
             raise RuntimeError(f"blend of {rid} failed")
         return np.zeros((1, 1, 3), np.uint8)
@@ -154,3 +155,40 @@ def test_a_split_decode_of_one_tile_runs_on_its_lane_and_frees_the_spare_at_once
     assert not any(c[0] == "split" for c in node.calls)
     stepped = next(c for c in seen if c.stepped)
     assert stepped.released == (1,)
+
+
+class YieldingNode(SplittingNode):
+    """A SplittingNode whose split decodes ask ``taken`` for each other device (as the real
+    one does before that device's second tile) and record the answers."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.asked = {}
+
+    def decode_split(self, rid, devices, tile, on_tiles=None, taken=None):
+        self.asked[rid] = {d: taken(d) for d in devices[1:]}
+        return super().decode_split(rid, devices, tile, on_tiles, taken)
+
+
+def test_a_reclaimed_spare_is_seen_by_its_decode_and_its_decode_is_not_learned_from():
+    """The degree-4 job of a and b (split over (0, 2) and (1, 3)); the loop takes device 3
+    back: b's split decode is told so (device 2 of a's is not), and the job's measured
+    decodes (``Timings.decodes``, what the policy learns from) hold a's alone, over 2
+    devices."""
+    a, b = (Request(r, 0.0, width=128, height=128, steps=1) for r in ("a", "b"))
+    node = YieldingNode()
+    quad = Node(4).groups(4)[0]
+    job = Job(0, quad, [a, b], 1, [], [], [a, b], split_decodes=True)
+    failed = []
+    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=(64, 48),
+                            on_failed=lambda rid, exc: failed.append(rid))
+    devices.reclaim(job, 3, 0.0)
+    devices.launch(job, 0.0)
+    seen = []
+    while not any(c.last for c in seen):
+        seen += devices.wait(None)
+    assert not failed and set(devices.outputs) == {"a", "b"}
+    assert node.asked == {"a": {2: False}, "b": {3: True}}
+    last = next(c for c in seen if c.last)
+    assert [(rid, n) for rid, n, _ in last.timings.decodes] == [("a", 2)]
+    assert devices._taken == {}  # forgotten with the job

@@ -78,9 +78,32 @@ def test_split_over_the_other_device_first_and_an_image_of_one_tile(node):
     freed = []
     small = node.decode_split("small", (1, 0), TILE, freed.append)
     assert np.array_equal(small, node.decode("small-ref", TILE))
-    assert freed == [()]
+    assert freed == []  # the other device got no tile
     for rid in ("small", "small-ref"):
         node.release(rid)
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_device_taken_back_between_tiles_leaves_its_tiles_to_the_holder(node):
+    """9 tiles over (0, 1): device 1 is asked before its 2nd tile and taken back; it has
+    decoded 1 tile, is handed back once, and its 3 other tiles run on device 0 after its 5.
+    The image is the one-device tiled decode's, bit for bit; no page or segment left."""
+    _finished(node, "whole", 7)
+    _finished(node, "yield", 7)
+    expected = node.decode("whole", TILE)
+    node.release("whole")
+    before = _segments()
+    asked, freed = [], []
+
+    def taken(device: int) -> bool:
+        asked.append(device)
+        return True
+
+    image = node.decode_split("yield", (0, 1), TILE, freed.append, taken)
+    node.release("yield")
+    assert asked == [1] and freed == [(1,)]
+    assert np.array_equal(image, expected)
+    assert _segments() <= before
     assert _pages(node) == {0: (0, 0), 1: (0, 0)}
 
 
@@ -120,19 +143,25 @@ def test_node_loop_with_split_decodes_on_real_devices(node):
     cost, node_cost = _node_cost()
     shapes = [(128, 128), (64, 64), (128, 64)]
     outputs = {}
-    for split in (False, True):
+    for split in (False, True, "yield"):
         requests = [Request(f"q{i}", arrival=0.3 * i, width=w, height=h, steps=3, seed=i)
                     for i, (w, h) in enumerate(shapes)]
         truth = node_cost(cost)
         topo = Node(2, truth.links)
         devices = EngineDevices(node, to_generation, keep_outputs=True, decode_tile=TILE)
-        policy = make_node_policy("slo", node_cost(cost), topo, split_decodes=split)
+        policy = make_node_policy("slo", node_cost(cost), topo, split_decodes=bool(split),
+                                  split_yield=split == "yield")
         result = run_node(requests, policy, devices, topo, truth)
         assert not devices.errors, devices.errors
         assert sorted(r.request.id for r in result.records) == ["q0", "q1", "q2"]
         outputs[split] = devices.outputs
         assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+        # every decode was measured and reported: the policy's decode factors moved
+        # (one per shape class: 128² and 128 x 64 / 64² fall in two half-octaves at most)
+        assert policy.ncost._decode_correction
+        assert all(f != 1.0 for f in policy.ncost._decode_correction.values())
     for rid, image in outputs[False].items():
         w, h = shapes[int(rid[1:])]
         assert image.shape == (h, w, 3)
-        assert np.abs(image.astype(int) - outputs[True][rid].astype(int)).max() <= 1
+        for other in (True, "yield"):
+            assert np.abs(image.astype(int) - outputs[other][rid].astype(int)).max() <= 1

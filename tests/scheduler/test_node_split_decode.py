@@ -73,8 +73,9 @@ def test_lone_1024_decodes_on_both_devices_and_the_second_goes_back_with_its_til
     nc = _cost()
     rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
           req("small", 10.0, size=512, steps=1, cost=nc.cost)]
-    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
-    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False))
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                    split_yield=False))
+    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=False))
     assert split["big"].degrees == {2: 4} and whole["big"].degrees == {2: 4}
     assert split["big"].finished == pytest.approx(10.0 + BLEND)
     assert whole["big"].finished == pytest.approx(12.0)
@@ -91,8 +92,9 @@ def test_a_small_request_waits_for_the_spare_device_until_its_tiles_end():
     nc = _cost()
     rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
           req("small", 9.0, size=512, steps=1, cost=nc.cost)]
-    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
-    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False))
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                    split_yield=False))
+    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=False))
     assert split["small"].finished == pytest.approx(11.0)
     assert split["big"].finished == pytest.approx(10.0 + BLEND)
     assert whole["small"].finished == pytest.approx(10.0)
@@ -145,7 +147,8 @@ def test_a_small_request_takes_the_spare_device_back_between_tiles():
     rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
           req("small", 8.5, size=512, steps=1, cost=nc.cost, scale=1.6)]
     assert rs[1].deadline == pytest.approx(10.1)
-    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True))
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                    split_yield=False))
     taken = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
                       split_yield=True))
     assert split["small"].finished == pytest.approx(11.0) and not split["small"].met
@@ -165,3 +168,40 @@ def test_no_take_back_for_a_request_that_makes_it_anyway():
                       split_yield=True))
     assert taken["small"].finished == pytest.approx(11.0) and taken["small"].met
     assert taken["big"].finished == pytest.approx(10.0 + BLEND)
+
+
+def test_measured_decodes_teach_the_decode_factor_per_shape_class():
+    """``observe_decode`` (EWMA α 0.1): a whole 1024² decode measured at 8 s against 4 s
+    → factor 1.1; split over 2, measured at the blend + 3 s against 2 s of tiles → 1.1 +
+    0.1 × (1.5 − 1.1) = 1.14. The 512² class is untouched; the decode's price follows."""
+    nc = _cost()
+    big = req("big", 0, size=1024, steps=4, cost=nc.cost)
+    small = req("small", 0, size=512, steps=4, cost=nc.cost)
+    nc.observe_decode(big, 1, 8.0)
+    assert nc.decode_correction(big) == pytest.approx(1.1)
+    assert nc.decode_time(big) == pytest.approx(4.4)
+    assert nc.decode_parts(big, 2)[0] == [pytest.approx(2.2), pytest.approx(2.2)]
+    nc.observe_decode(big, 2, BLEND + 3.0)
+    assert nc.decode_correction(big) == pytest.approx(1.14)
+    assert nc.decode_correction(small) == 1.0
+
+
+def test_the_loop_reports_each_decode_to_the_policy():
+    """The lone 1024² on a truth whose tiles take 2 s (the policy's model: 1 s): its split
+    decode is measured at 4 s + blend (2 tiles of 2 s on each device), the policy's factor
+    for the class becomes 1 + 0.1 × (2 − 1) = 1.1; unsplit, 8 s against 4 s: also 1.1."""
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+
+    prof = node_profile(host=HOST, move_latency=LATENCY)
+    prof["models"]["qwen-image"].update(decode_tile_px=_v(512), decode_stride_px=_v(512),
+                                        decode_tile_s=_v(2.0))
+    slow = NodeCost(CostModel.from_dict(prof))
+    for split in (True, False):
+        nc = _cost()
+        rs = [req("big", 0, size=1024, steps=4, cost=nc.cost)]
+        node = Node(2, nc.links)
+        pol = make_node_policy("slo", nc, node, forecast=False, split_decodes=split)
+        simulate_node(rs, pol, node, truth=slow)
+        assert nc.decode_correction(rs[0]) == pytest.approx(1.1)

@@ -85,6 +85,8 @@ class NodePolicy:
         for kind, predicted, measured in report.moves:
             if kind in MOVE_KINDS:
                 self.ncost.observe_move(kind, predicted, measured)
+        for request, devices, measured in getattr(report, "decodes", ()):
+            self.ncost.observe_decode(request, devices, measured)
 
 
 class Placer:
