@@ -150,11 +150,13 @@ class NodeSloPolicy(NodePolicy):
     ``decode_guard`` (long decodes: see the module docstring),
     ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
-    (step 0), ``split_decodes`` (a job with fewer decodes than devices spreads each
+    (step 0), ``split_decodes`` (on: a job with fewer decodes than devices spreads each
     decode's tiles over the spare ones: ``node.device.decode_devices``; its last job is
-    then priced with the split decode), ``split_yield`` (the loop may take those spare
+    then priced with the split decode), ``split_yield`` (on: the loop may take those spare
     devices back between tiles for a request that would miss otherwise:
-    ``NodePolicy.take_back``)."""
+    ``NodePolicy.take_back``; ``yield_margin``: fraction of that request's remaining time
+    added when judging it; session 9, 30 demo traces: 98.31 % attainment and P95 0.92 ×
+    fifo's, against 98.13 % / 0.97 × without the split)."""
 
     name = "slo"
 
@@ -186,8 +188,8 @@ class NodeSloPolicy(NodePolicy):
         guard_margin: float = 0.05,
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
-        split_decodes: bool = False,
-        split_yield: bool = False,
+        split_decodes: bool = True,
+        split_yield: bool = True,
         yield_margin: float = 0.0,
     ):
         super().__init__(ncost, node)
@@ -243,7 +245,7 @@ class NodeSloPolicy(NodePolicy):
                 for d in self.node.degrees
             )
             cost = self.ncost.cost
-            static = (base, cost.decode_time(req), cost.encode_time(req))
+            static = (base, self.ncost.decode_time(req), cost.encode_time(req))
             self._static[req.id] = static
         base, dec, enc = static
         c = _Cand(item, req, req.steps - steps_done, steps_done > 0, home, base,
