@@ -187,7 +187,8 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
     :func:`decode_devices` runs, in order (device 0, the lane, blends after every tile is
     done, ``blend`` s). ``taken``: spare i (≥ 1) → when (s from the last step) the loop
     took it back (``NodeDevices.reclaim``): it ends the tile it is in then and stops; its
-    later tiles run on the lane, after the lane's own and not before they were taken back.
+    later tiles run on the lane, after the lane's own and not before that tile's end (when
+    the node engine's spare, asked before each tile, hands them over).
     Without ``taken``: each device ends with its own tiles (:func:`decode_ends`)."""
     ends = [sum(ts) for ts in tiles]
     lane = ends[0]
@@ -201,7 +202,7 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
                 left = sum(tiles[i][k + 1:])
                 if left:
                     ends[i] = clock
-                    lane = max(lane, at) + left
+                    lane = max(lane, clock) + left
                 break
     end = max(lane, *ends[1:]) + blend
     ends[0] = end

@@ -131,8 +131,9 @@ def test_split_ends_by_hand():
     # taken back in its last tile, or after its tiles: nothing changes
     assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25, {1: 1.5}) == (2.25, [2.25, 2.0])
     assert split_ends([[1.0, 1.0], [1.0, 1.0]], 0.25, {1: 7.0}) == (2.25, [2.25, 2.0])
-    # the lane idle by then (its own tiles done at 1 s): the leftovers start when taken
-    assert split_ends([[1.0], [1.0, 1.0, 1.0]], 0.0, {1: 1.5}) == (2.5, [2.5, 2.0])
+    # the lane idle by then (its own tiles done at 1 s): the tiles left start when the
+    # spare's tile in progress ends (2 s), not when it was taken back (1.5 s)
+    assert split_ends([[1.0], [1.0, 1.0, 1.0]], 0.0, {1: 1.5}) == (3.0, [3.0, 2.0])
     with pytest.raises(ValueError, match="taken"):
         split_ends([[1.0], [1.0]], 0.0, {0: 0.5})
 
