@@ -165,3 +165,56 @@ def test_node_loop_with_split_decodes_on_real_devices(node):
         assert image.shape == (h, w, 3)
         for other in (True, "yield"):
             assert np.abs(image.astype(int) - outputs[other][rid].astype(int)).max() <= 1
+
+
+def test_node_loop_takes_spares_back_on_real_devices(node):
+    """run_node on the workers, ``fifo`` on one degree-2 replica (every decode on the pair,
+    split) with a profile that tiles as the engine does (64/48), 128² and 64² requests
+    arriving while others run, and a take-back rule that takes every spare it is offered:
+    the loop offers the spare of a split decode with requests waiting and the engine takes
+    it back (``EngineDevices.reclaim``); every image equals the unsplit run's, bit for bit;
+    no page left."""
+    import json
+    from pathlib import Path
+
+    import ditmem.scheduler as sched
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler import CostModel, Request
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
+
+    data = json.loads((Path(sched.__file__).parent / "profiles" / "cpu-tiny.json").read_text())
+    data["parallel"] = {"qwen-image": {"tokens": [16, 4096], "source": "test",
+                                       "speedup": {"1": [1.0, 1.0], "2": [1.2, 1.8]}}}
+    data["links"] = {"device_bytes_per_s": 1e9, "host_bytes_per_s": 5e9, "source": "test"}
+    data["models"]["qwen-image"].update(
+        {k: {"value": v, "source": "test"} for k, v in
+         (("decode_tile_px", 64), ("decode_stride_px", 48), ("decode_tile_s", 0.01))})
+    cost = CostModel.from_dict(data)
+    shapes = [(128, 128), (64, 64)] * 4
+    outputs, offered = {}, []
+    for split in (False, True):
+        requests = [Request(f"q{i}", arrival=0.01 * i, width=w, height=h, steps=3, seed=i)
+                    for i, (w, h) in enumerate(shapes)]
+        truth = NodeCost(cost)
+        topo = Node(2, truth.links)
+        policy = make_node_policy("fifo", NodeCost(cost), topo, baseline_degree=2)
+        policy.split_decodes = policy.split_yield = split
+
+        def grab(view):
+            offered.append([sp.device for sp in view.spares])
+            return offered[-1]
+
+        policy.take_back = grab
+        devices = EngineDevices(node, to_generation, keep_outputs=True, decode_tile=TILE)
+        result = run_node(requests, policy, devices, topo, truth)
+        assert not devices.errors, devices.errors
+        assert len(result.records) == len(shapes)
+        outputs[split] = devices.outputs
+        assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+    assert offered and all(o == [1] for o in offered)
+    for rid, image in outputs[False].items():
+        assert np.array_equal(image, outputs[True][rid])
