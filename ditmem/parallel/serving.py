@@ -423,6 +423,10 @@ class _Listened:
     def launch(self, job, now: float) -> None:
         self.inner.launch(job, now)
 
+    def reclaim(self, job, device: int, now: float) -> None:
+        """``NodeDevices.reclaim`` (a split decode's spare taken back: ``slo``'s default)."""
+        self.inner.reclaim(job, device, now)
+
     def wait(self, until):
         done = self.inner.wait(until)
         for c in done:

@@ -141,6 +141,10 @@ class TrackedDevices:
     def launch(self, job, now: float) -> None:
         self.devices.launch(job, now)
 
+    def reclaim(self, job, device: int, now: float) -> None:
+        """``NodeDevices.reclaim`` (a split decode's spare taken back: ``slo``'s default)."""
+        self.devices.reclaim(job, device, now)
+
     def wait(self, until):
         done = self.devices.wait(until)
         for c in done:

@@ -109,3 +109,14 @@ def test_each_job_is_counted_once_and_a_priced_run_reads_x1():
     for kind in ("encodes", "steps d1", "steps d2", "decodes"):
         assert out[kind]["ratio"] == pytest.approx(1.0), kind
     assert out["encodes"]["jobs"] == out["steps d1"]["jobs"] == out["steps d2"]["jobs"] == 1
+
+
+def test_tracked_devices_pass_a_take_back_through():
+    """The demo runs ``slo`` (split decodes that yield: on by default) on ``TrackedDevices``:
+    a spare taken back by the loop reaches the devices (``NodeDevices.reclaim``), the run
+    is the bare devices' one, where the 256² ends sooner than with split alone."""
+    from node_cases import take_back_run
+
+    bare = take_back_run(lambda d: d, split_yield=True)
+    assert bare["small"] < take_back_run(lambda d: d, split_yield=False)["small"] - 1e-3
+    assert take_back_run(lambda d: TrackedDevices(d, _truth()), split_yield=True) == bare

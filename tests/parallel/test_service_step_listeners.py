@@ -40,3 +40,17 @@ def test_a_job_in_several_events_reports_its_steps_once():
     for _ in events:
         devices.wait(None)
     assert seen == [(0.5, 2)] * 4 + [(0.25, 1)] * 2
+
+
+def test_the_service_devices_pass_a_take_back_through():
+    """``ditmem serve`` runs node ``slo`` (split decodes that yield: on by default) on
+    ``_Listened``: a spare the loop takes back reaches the devices, the run is the bare
+    devices' one, where the 256² ends sooner than with split alone."""
+    from node_cases import take_back_run
+
+    def listened(devices):
+        return _Listened(SimpleNamespace(devices=devices, _listeners=[]))
+
+    bare = take_back_run(lambda d: d, split_yield=True)
+    assert bare["small"] < take_back_run(lambda d: d, split_yield=False)["small"] - 1e-3
+    assert take_back_run(listened, split_yield=True) == bare
