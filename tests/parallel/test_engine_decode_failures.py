@@ -41,9 +41,11 @@ class ScriptedNode:
         self.holders.pop(rid, None)
 
 
-def _run(node, job):
+def _run(node, job, tile=None):
+    """``job`` on ``EngineDevices`` over ``node`` (``tile``: their decode tile geometry)
+    until its last event: (the devices, every event, the ids failed)."""
     failed = []
-    devices = EngineDevices(node, lambda r: r, keep_outputs=True,
+    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=tile,
                             on_failed=lambda rid, exc: failed.append(rid))
     devices.launch(job, 0.0)
     seen = []
@@ -108,15 +110,8 @@ class SplittingNode(ScriptedNode):
         return np.zeros((1, 1, 3), np.uint8)
 
 
-def _run_split(node, job, tile=(64, 48)):
-    failed = []
-    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=tile,
-                            on_failed=lambda rid, exc: failed.append(rid))
-    devices.launch(job, 0.0)
-    seen = []
-    while not any(c.last for c in seen):
-        seen += devices.wait(None)
-    return devices, seen, failed
+def _run_split(node, job):
+    return _run(node, job, tile=(64, 48))
 
 
 def test_split_decodes_each_on_its_devices_and_a_failed_one_fails_alone():

@@ -13,9 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from node_cases import pages as _pages
+from node_cases import tiny_node
 
 from ditmem.parallel.devices import EngineDevices
-from ditmem.parallel.node import NodeEngine
 from ditmem.scheduler import Request
 from ditmem.scheduler.node.device import Job
 from ditmem.scheduler.node.topology import Node
@@ -27,15 +28,8 @@ STEPS = 2
 
 
 @pytest.fixture(scope="module")
-def node():
-    engine = NodeEngine("tiny-qwen-image", num_devices=2, pool_pages=512, page_bytes=1 << 14,
-                        host_pages=64, start_timeout_s=300, command_timeout_s=300)
-    yield engine
-    engine.close()
-
-
-def _pages(node):
-    return {d: (s.device_pages, s.host_pages) for d, s in node.stats().items()}
+def node():  # this module's own engine
+    yield from tiny_node(pool_pages=512, host_pages=64)
 
 
 def _alone(node, r: Request) -> np.ndarray:

@@ -8,9 +8,11 @@ import os
 
 import numpy as np
 import pytest
+from node_cases import pages as _pages
+from node_cases import tiny_node
 
 from ditmem.models.common.request import GenerationRequest
-from ditmem.parallel.node import CommandFailed, NodeEngine
+from ditmem.parallel.node import CommandFailed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -24,15 +26,8 @@ def _request(rid: str, seed: int, width: int = 128, height: int = 128) -> Genera
 
 
 @pytest.fixture(scope="module")
-def node():
-    engine = NodeEngine("tiny-qwen-image", num_devices=2, pool_pages=256, page_bytes=1 << 14,
-                        host_pages=256, start_timeout_s=300, command_timeout_s=300)
-    yield engine
-    engine.close()
-
-
-def _pages(node):
-    return {d: (s.device_pages, s.host_pages) for d, s in node.stats().items()}
+def node():  # this module's own engine
+    yield from tiny_node()
 
 
 def _segments() -> set[str]:
