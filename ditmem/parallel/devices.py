@@ -134,7 +134,8 @@ class EngineDevices:
         self.moves: deque[MoveRecord] = deque(maxlen=MOVES_KEPT)
         self._done: queue.Queue[Completion | _Woken] = queue.Queue()
         self._lock = threading.Lock()
-        #: job id → the spare devices of its split decodes the loop took back (``reclaim``)
+        #: running job id → the spare devices of its split decodes the loop took back
+        #: (``reclaim``); an entry from ``launch`` to the job's end
         self._taken: dict[int, set[int]] = {}
 
     def now(self) -> float:
@@ -142,15 +143,20 @@ class EngineDevices:
         return self.clock() - self.t0
 
     def launch(self, job: Job, now: float) -> None:
+        with self._lock:
+            self._taken[job.job_id] = set()
         threading.Thread(target=self._run, args=(job, now), name=f"ditmem-job-{job.job_id}",
                          daemon=True).start()
 
     def reclaim(self, job: Job, device: int, now: float) -> None:
         """``NodeDevices.reclaim``: ``device``, a spare of ``job``'s split decode, stops
         before its next tile (the one it runs ends first) and goes back to the loop; its
-        tiles left run on the decode's lane (``NodeEngine.decode_split``'s ``taken``)."""
+        tiles left run on the decode's lane (``NodeEngine.decode_split``'s ``taken``). A job
+        that has ended (the loop has not seen its last events yet): nothing is kept."""
         with self._lock:
-            self._taken.setdefault(job.job_id, set()).add(device)
+            taken = self._taken.get(job.job_id)
+            if taken is not None:
+                taken.add(device)
 
     def _is_taken(self, job_id: int, device: int) -> bool:
         with self._lock:

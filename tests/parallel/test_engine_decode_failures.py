@@ -5,6 +5,8 @@ which is the device the loop frees with it."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ditmem.parallel.devices import EngineDevices
@@ -159,6 +161,11 @@ class YieldingNode(SplittingNode):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.asked = {}
+        self.gate = threading.Event()  # steps wait for it (the loop's reclaim comes first)
+
+    def step(self, plan):
+        assert self.gate.wait(60)
+        super().step(plan)
 
     def decode_split(self, rid, devices, tile, on_tiles=None, taken=None):
         self.asked[rid] = {d: taken(d) for d in devices[1:]}
@@ -177,8 +184,9 @@ def test_a_reclaimed_spare_is_seen_by_its_decode_and_its_decode_is_not_learned_f
     failed = []
     devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=(64, 48),
                             on_failed=lambda rid, exc: failed.append(rid))
-    devices.reclaim(job, 3, 0.0)
     devices.launch(job, 0.0)
+    devices.reclaim(job, 3, 0.0)
+    node.gate.set()
     seen = []
     while not any(c.last for c in seen):
         seen += devices.wait(None)
@@ -187,3 +195,24 @@ def test_a_reclaimed_spare_is_seen_by_its_decode_and_its_decode_is_not_learned_f
     last = next(c for c in seen if c.last)
     assert [(rid, n) for rid, n, _ in last.timings.decodes] == [("a", 2)]
     assert devices._taken == {}  # forgotten with the job
+
+
+def test_a_reclaim_after_its_job_ended_is_dropped():
+    """The loop's view lags the devices: it may take a spare back whose job has already
+    ended (the spare's event still queued). Nothing of it is kept: a later job of the same
+    id on the same devices (a second run) splits with no spare taken."""
+    a = Request("a", 0.0, width=128, height=128, steps=1)
+    node = YieldingNode()
+    node.gate.set()
+    pair = Node(2).groups(2)[0]
+    job = Job(0, pair, [a], 1, [], [], [a], split_decodes=True)
+    devices, _, failed = _run(node, job, tile=(64, 48))
+    devices.reclaim(job, 1, devices.now())
+    assert devices._taken == {}
+    devices.launch(job, devices.now())
+    seen = []
+    while not any(c.last for c in seen):
+        seen += devices.wait(None)
+    assert not failed and node.asked == {"a": {1: False}}
+    assert [(rid, n) for rid, n, _ in next(c for c in seen if c.last).timings.decodes] == [
+        ("a", 2)]
