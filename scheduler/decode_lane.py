@@ -128,7 +128,9 @@ class TiledDecodes:
     runs once the other work has left it ``late_share`` of the loop; the credit also grows
     while the late tiles themselves run, so under steady load late tiles take up to
     ``late_share / (1 − late_share)`` of the loop (0.11 at the default 0.1), not exactly
-    ``late_share``.
+    ``late_share``. Besides, the policy may grant late decodes ``spare`` seconds with its
+    plan (``StepPlan.late_tiles_s``: time no on-time request needs); the earliest-deadline
+    late decode's next tile then runs when it fits in them, credit or not.
 
     **The bound** (``late_share`` = s > 0). While the earliest-deadline late decode has a
     tile of ``u`` s left, the loop runs at most ``u · (1 − s) / s`` s of other work plus the
@@ -158,9 +160,11 @@ class TiledDecodes:
         self._pending.sort()
         self._seq += 1
 
-    def pick(self, now: float, deadline: float | None) -> str | None:
+    def pick(self, now: float, deadline: float | None, spare: float = 0.0) -> str | None:
         """The decode to advance now instead of a step due at ``deadline`` (None: no step
-        planned), or None to run the step (class docstring: the rule and its bound)."""
+        planned), or None to run the step (class docstring: the rule and its bound);
+        ``spare`` (s): time the policy grants late decodes before the step
+        (``StepPlan.late_tiles_s``): the late decode's next tile runs when it fits in it."""
         late = next((d for d in self._pending if now + sum(d.units) > d.deadline), None)
         if late is None or self.late_share <= 0:
             self._credit, self._last = 0.0, None
@@ -183,6 +187,12 @@ class TiledDecodes:
         if late is not None and self.late_share > 0 and self._credit >= late.units[-1] - 1e-9:
             self._credit = 0.0
             return late.rid
+        if late is not None and spare > 0:
+            # the policy does not see pending decodes: those that can still make it keep
+            # their time out of the grant
+            owed = sum(sum(d.units) for d in self._pending if now + sum(d.units) <= d.deadline)
+            if spare - owed >= late.units[-1] - 1e-9:
+                return late.rid
         return None
 
     def remove(self, rid: str) -> None:

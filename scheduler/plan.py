@@ -73,6 +73,7 @@ class StepPlan:
     restore: list[str] = field(default_factory=list)
     pause: list[str] = field(default_factory=list)
     blocks: int | None = None
+    late_tiles_s: float = 0.0
 
     @property
     def idle(self) -> bool:

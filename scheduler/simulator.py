@@ -271,7 +271,8 @@ def simulate(
     ``decode="tiled"`` runs decodes tile by tile on the loop, a tile instead of the plan
     whenever the earliest pending decode is due before every member of the planned batch,
     and a late decode's tile once it has earned about ``late_share`` of the loop
-    (``decode_lane.TiledDecodes``; 0: only when no step is planned).
+    (``decode_lane.TiledDecodes``; 0: only when no step is planned) or when it fits in the
+    time the plan grants late decodes (``StepPlan.late_tiles_s``).
     ``decode="concurrent"`` models a decode worker beside the step loop on the same device
     (:mod:`ditmem.scheduler.decode_lane`) that gets ``decode_share`` of the device while
     both have work; a request holds its pages until its decode ends.
@@ -321,7 +322,7 @@ def simulate(
             plan = policy.schedule(now, eng.view(last_batch))
         pick = None
         if tiles is not None and not (block and _running_part_done(eng, last_batch)):
-            pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)))
+            pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)), plan.late_tiles_s)
         if pick is not None:
             # A due decode runs one tile instead of the plan; the policy decides again after.
             seconds, last = tiles.run_one(pick)

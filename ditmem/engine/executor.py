@@ -297,14 +297,15 @@ class PlanExecutor:
         self._attempt(job, "decode", self.tiles.start, job)
 
     def _run_due_tile(self, plan) -> bool:
-        """Run one decode tile instead of ``plan`` when a decode is due first."""
+        """Run one decode tile instead of ``plan`` when a decode is due first, or a late
+        decode's tile fits in the time the plan spares it (``plan.late_tiles_s``)."""
         last = [j.status if (j := self.active.get(i)) else None for i in self.last_batch]
         if mid_step(last):
             return False  # a part-done chunked step finishes before any tile
         deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
                      if i in self.active or i in self.jobs]
         now = self.engine.clock()
-        job_id = self.tiles.pick(now, step_deadline(now, deadlines))
+        job_id = self.tiles.pick(now, step_deadline(now, deadlines), plan.late_tiles_s)
         if job_id is None:
             return False
         job, output, error = self.tiles.run(job_id)

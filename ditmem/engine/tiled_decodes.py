@@ -41,10 +41,11 @@ class TileRunner:
         self._order.push(job.id, job.sched.deadline, tiles)
         self._jobs[job.id] = (job, work)
 
-    def pick(self, now: float, deadline: float | None) -> str | None:
+    def pick(self, now: float, deadline: float | None, spare: float = 0.0) -> str | None:
         """The request whose next tile runs instead of a step due at ``deadline`` (None:
-        no step planned), or None."""
-        return self._order.pick(now, deadline)
+        no step planned), or None; ``spare``: the seconds the plan grants late decodes
+        (``StepPlan.late_tiles_s``)."""
+        return self._order.pick(now, deadline, spare)
 
     def run(self, job_id: str):
         """Decode the next tile of ``job_id``: ``(job, output, error)``; output is None until

@@ -98,6 +98,6 @@ def protected(now: float, ontime: list[Candidate], fraction: float) -> Candidate
 def late_order(now: float, c: Candidate, alive_first: bool, rank: int) -> tuple:
     """Sort key of late requests in spare time: with ``alive_first``, those that could still
     finish in time alone (given up for the forecast or for others, not yet lost) first; then
-    by ``rank`` (their place in the late lane)."""
+    by ``rank`` (their place in the late lane, or the same for all: arrival order)."""
     lost = alive_first and now + c.rem > c.req.deadline
     return (lost, rank, c.req.arrival)

@@ -140,3 +140,38 @@ def test_cancel_during_a_tiled_decode_frees_pages(gen):
         ticket.future.result(30)
     assert engine.drain(10)
     assert engine.pool.num_used_pages == 0 and len(tiles) == 0
+
+
+@pytest.mark.parametrize("margin, large_first", [(0.2, True), (None, False)])
+def test_a_late_decode_takes_the_time_the_plan_spares(gen, margin, large_first):
+    """Issue 13 (session 9): the executor runs a late decode's tiles in the time slo's plan
+    grants them (``StepPlan.late_tiles_s``). "large" is late (1-ms SLO) and decoding when
+    "small" arrives with a 600-s SLO: with the grant (``late_tile_margin`` 0.2, an
+    option) the large image's 16 tiles all run before small's steps (its slack is
+    hundreds of seconds); without it (None, the default) small's steps and decode go
+    first. (The late
+    decodes' ``late_share`` credit is set to 0 here, so only the grant lets a late tile
+    run while a step is planned.)"""
+    policy, cost = make_policy_and_cost("slo", "cpu-tiny", {"late_tile_margin": margin})
+    engine = Engine(gen, policy, cost, PagePool(512, PAGE), HostPool(2048, PAGE),
+                    decode="tiled", decode_tile=TILE)
+    tiles = engine.executor.tiles
+    tiles._order.late_share = 0.0
+    decoding, submitted = threading.Event(), threading.Event()
+    run = tiles.run
+
+    def gated_run(job_id):  # hold the first tile until the on-time request is queued
+        decoding.set()
+        assert submitted.wait(60)
+        return run(job_id)
+
+    tiles.run = gated_run
+    engine.start()
+    t_large = engine.submit(large(), priority=2, slo_ms=1)
+    assert decoding.wait(120)
+    t_small = engine.submit(small(), priority=1, slo_ms=600_000)
+    submitted.set()
+    r_small, r_large = t_small.future.result(120), t_large.future.result(120)
+    assert engine.drain(10)
+    assert (r_large.timing.finished < r_small.timing.finished) is large_first
+    assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0

@@ -207,3 +207,48 @@ def test_a_decode_that_can_make_it_goes_before_late_work_by_hand():
     assert tiles.pick(2.0, step_deadline(2.0, [1.5, 3.0])) is None
     assert tiles.run_one("due") == (0.5, True)
     assert tiles.pick(2.5, None) == "late"  # only late decodes left: the earliest deadline
+
+
+def test_a_late_decode_runs_in_the_spare_time_the_plan_grants_by_hand():
+    """Issue 13 (session 9): ``StepPlan.late_tiles_s`` — the seconds no on-time request
+    needs — lets a late decode's tile run before the planned step without waiting for its
+    ``late_share`` credit. L (512²: 4 steps of 1 s, decode 4 tiles of 0.5 s, due 3) runs
+    alone from 0 and is late when its steps end at 4; B (the same shape, due 33.5) arrived
+    at 3.5. slo (``late_tile_margin`` 0.2, an option) grants B's slack beyond 0.2 × its
+    30-s window: at 4, 29.5 − 6 − 6 = 17.5 s >= 0.5, so L's tiles run 4 → 6 and B steps
+    6 → 10 and decodes 10 → 12 (on time). Without the grant (``late_tile_margin=None``, the
+    default) L's credit (1/9 s per s of loop) has not reached a tile when B's steps end at
+    8: B decodes 8 → 10, then L 10 → 12. The picker's own rules: the tile must fit in the
+    grant, a decode that can still make it goes first, and one that can make it but is due
+    after the step keeps its time out of the grant (the policy does not see it)."""
+    from ditmem.scheduler.decode_lane import TiledDecodes
+
+    tiles = TiledDecodes()
+    tiles.push("late", 0.0, [0.1, 0.1])
+    assert tiles.pick(1.0, 5.0) is None  # no credit yet, nothing granted
+    assert tiles.pick(1.0, 5.0, spare=0.05) is None  # the tile does not fit
+    assert tiles.pick(1.0, 5.0, spare=0.1) == "late"
+    tiles.push("due", 4.0, [0.1])
+    assert tiles.pick(1.0, 5.0, spare=1.0) == "due"  # one that can make it goes first
+    owed = TiledDecodes()  # a decode that can make it, due after the step: its time is owed
+    owed.push("late", 0.0, [0.1])
+    owed.push("later", 9.0, [0.1])
+    assert owed.pick(1.0, 5.0, spare=0.15) is None  # 0.15 - 0.1 owed < the 0.1-s tile
+    assert owed.pick(1.0, 5.0, spare=0.2) == "late"
+    no_share = TiledDecodes(late_share=0.0)  # the grant does not depend on the share
+    no_share.push("late", 0.0, [0.1])
+    assert no_share.pick(1.0, 5.0) is None
+    assert no_share.pick(1.0, 5.0, spare=0.1) == "late"
+
+    cost = _tiled_cost()
+    late = req("L", 0.0, steps=4, slo_ms=3_000, cost=cost)
+    ontime = req("B", 3.5, steps=4, slo_ms=30_000, cost=cost)
+    finish = {}
+    for margin in (0.2, None):
+        pol = make_policy("slo", cost, forecast=False, late_tile_margin=margin)
+        result = simulate([late, ontime], pol, decode="tiled")
+        finish[margin] = {r.request.id: r.finished for r in result.records}
+    assert finish[0.2] == {"L": pytest.approx(6.0), "B": pytest.approx(12.0)}
+    assert finish[None] == {"L": pytest.approx(12.0), "B": pytest.approx(10.0)}
+    with pytest.raises(ValueError, match="late_tile_margin"):
+        make_policy("slo", cost, late_tile_margin=-0.1)

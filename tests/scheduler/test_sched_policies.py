@@ -205,3 +205,25 @@ def test_slo_takes_back_a_give_up_a_later_one_made_needless_by_hand():
                    page_bytes=PAGE)
     done = finish_times(res)
     assert done["S"] == 2.0 and done["D"] == 4.0 and done["A"] == 7.0 and done["B"] == 15.0
+
+
+def test_slo_runs_late_requests_oldest_first_by_hand():
+    """Issue 13 (session 9): late requests run in spare time in arrival order, not in the
+    order they were given up in (``late_rank``). A (4 steps of 1 s, due 10) arrives at 0;
+    B (4 steps, due 3) at 1 is late at once: given up first. At 8 A is late too (8 + 4 >
+    10): with nothing on time the older, A, runs; ``late_rank="lane"`` (the rule before)
+    runs B, given up first. Both keep the lane's promises (B: max(3 + 3 · 2, 1 + 4 / 0.1)
+    = 41 s, 41 − 8 − 4 > 1), so the promise rule does not decide it."""
+    cost = table_cost()
+    for rank, head in (("arrival", "A"), ("lane", "B")):
+        eng = HandEngine(cost)
+        eng.arrive(req("A", 0.0, steps=4, slo_ms=10_000, cost=cost))
+        pol = make_policy("slo", cost, forecast=False, late_rank=rank)
+        assert pol.schedule(0.5, eng.view()).batch == ["A"]
+        eng.arrive(req("B", 1.0, steps=4, slo_ms=2_000, cost=cost))
+        assert pol.schedule(1.0, eng.view()).batch == ["A"]  # B given up: late lane [B]
+        assert pol.lane.ids() == ("B",)
+        assert pol.schedule(8.0, eng.view()).batch == [head]
+        assert pol.lane.ids() == ("B", "A")
+    with pytest.raises(ValueError, match="late_rank"):
+        make_policy("slo", cost, late_rank="deadline")
