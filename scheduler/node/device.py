@@ -267,12 +267,16 @@ class _VirtualJob(JobStages):
         self.decode_ends: list[float] = []
         self.device_ends: dict[int, float] = {}
         self.split_tiles: list[_SplitTiles] = []  # the split decodes' drawn tiles
+        self._jitter: TimingNoise | None = None
 
     def jitter(self):
         """The job's own unbiased draws (its split decodes' tiles), seeded by the noise's
-        seed and the job."""
-        n = self.noise
-        return TimingNoise(n.sigma, 0.0, n.seed * 1_000_003 + self.job.job_id).draw
+        seed and the job: one stream for the job, its split decodes drawing from it in
+        turn (not each from its start: their tiles' jitter would be the same)."""
+        if self._jitter is None:
+            n = self.noise
+            self._jitter = TimingNoise(n.sigma, 0.0, n.seed * 1_000_003 + self.job.job_id)
+        return self._jitter.draw
 
     def _move(self, mv: Move, secs: float) -> None:
         begin = busy_until(move_mask(mv.src, mv.dst), self.busy, self.clock)

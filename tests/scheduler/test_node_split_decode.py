@@ -206,3 +206,24 @@ def test_the_loop_reports_each_decode_to_the_policy():
         pol = make_node_policy("slo", nc, node, forecast=False, split_decodes=split)
         simulate_node(rs, pol, node, truth=slow)
         assert nc.decode_correction(rs[0]) == pytest.approx(1.1)
+
+
+def test_two_split_decodes_of_one_job_draw_their_own_tile_jitter():
+    """A degree-4 job finishing two 1024² (split over devices (0, 2) and (1, 3)), noise
+    10 %: each decode's tiles are its factor times the job's stream's jitter, so the two
+    decodes' tile times must not be proportional tile for tile (the same jitter, reseeded
+    for each decode, made them so)."""
+    from ditmem.scheduler.node.device import Job, VirtualDevices
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+
+    nc = _cost()
+    a, b = (req(r, 0, size=1024, steps=4, cost=nc.cost) for r in "ab")
+    devices = VirtualDevices(nc, TimingNoise(0.1, 0.0, 3), 4)
+    job = Job(0, Node(4, nc.links).groups(4)[0], [a, b], 1, [], [], [a, b],
+              split_decodes=True)
+    devices.launch(job, 0.0)
+    first, second = (sp.tiles for sp in devices._splits[0].decodes)
+    ratios = [x / y for xs, ys in zip(first, second, strict=True)
+              for x, y in zip(xs, ys, strict=True)]
+    assert len(ratios) == 4 and max(ratios) - min(ratios) > 1e-3
