@@ -419,7 +419,15 @@ class _GroupJob(JobStages):
         def decode(request, lane: int) -> None:
             ds, begin = used[request.id], self.clock()
             freed: list[int] = []
+            moved: list[int] = []  # spares that stopped with tiles left (taken back)
             lock = threading.Lock()
+
+            def taken(d: int) -> bool:  # asked before one of d's tiles but its first
+                if owner._is_taken(job_id, d):
+                    with lock:
+                        moved.append(d)
+                    return True
+                return False
 
             def tiles_done(others: tuple[int, ...]) -> None:  # from a spare's thread
                 with lock:
@@ -431,10 +439,10 @@ class _GroupJob(JobStages):
                     image = node.decode(request.id, owner.decode_tile)
                 else:
                     image = node.decode_split(request.id, ds, owner.decode_tile, tiles_done,
-                                              lambda d: owner._is_taken(job_id, d))
+                                              taken)
                 node.release(request.id)
-                if not any(owner._is_taken(job_id, d) for d in ds[1:]):
-                    self._measured(request.id, len(ds), begin)  # whole: learned from
+                if not moved:  # ran as split (a take-back too late moved nothing)
+                    self._measured(request.id, len(ds), begin)
             except Exception as exc:  # this request fails; the job's others go on
                 msg = (f"job {self.job.job_id}: split decode of {request.id} on {ds}: "
                        f"{type(exc).__name__}: {exc}")

@@ -216,3 +216,26 @@ def test_a_reclaim_after_its_job_ended_is_dropped():
     assert not failed and node.asked == {"a": {1: False}}
     assert [(rid, n) for rid, n, _ in next(c for c in seen if c.last).timings.decodes] == [
         ("a", 2)]
+
+
+def test_a_reclaim_too_late_to_move_a_tile_leaves_the_decode_learned_from():
+    """The loop takes device 1 back when its tiles are already in their last one (the
+    split decode never answers ``taken`` True: nothing moves to the lane): the decode ran
+    as split, whole, and is learned from — as on the simulator's devices, where such a
+    take-back changes no end (``VirtualDevices.reclaim``)."""
+    a = Request("a", 0.0, width=128, height=128, steps=1)
+    node = SplittingNode()  # asks ``taken`` nothing: every spare tile ran where it was
+    node.gate = threading.Event()
+    node.step = lambda plan, step=node.step: (node.gate.wait(60), step(plan))
+    pair = Node(2).groups(2)[0]
+    job = Job(0, pair, [a], 1, [], [], [a], split_decodes=True)
+    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=(64, 48))
+    devices.launch(job, 0.0)
+    devices.reclaim(job, 1, 0.0)
+    node.gate.set()
+    seen = []
+    while not any(c.last for c in seen):
+        seen += devices.wait(None)
+    assert set(devices.outputs) == {"a"}
+    assert [(rid, n) for rid, n, _ in next(c for c in seen if c.last).timings.decodes] == [
+        ("a", 2)]
