@@ -162,12 +162,13 @@ def test_node_loop_with_split_decodes_on_real_devices(node):
             assert np.abs(image.astype(int) - outputs[other][rid].astype(int)).max() <= 1
 
 
-def test_node_loop_takes_spares_back_on_real_devices(node):
+def test_node_loop_takes_spares_back_on_real_devices(node, monkeypatch):
     """run_node on the workers, ``fifo`` on one degree-2 replica (every decode on the pair,
     split) with a profile that tiles as the engine does (64/48), 128² and 64² requests
     arriving while others run, and a take-back rule that takes every spare it is offered:
     the loop offers the spare of a split decode with requests waiting and the engine takes
-    it back (``EngineDevices.reclaim``); every image equals the unsplit run's, bit for bit;
+    it back (``EngineDevices.reclaim``): a spare stops with tiles left, which run on the
+    lane (its ``taken`` answers True); every image equals the unsplit run's, bit for bit;
     no page left."""
     import json
     from pathlib import Path
@@ -190,7 +191,19 @@ def test_node_loop_takes_spares_back_on_real_devices(node):
          (("decode_tile_px", 64), ("decode_stride_px", 48), ("decode_tile_s", 0.01))})
     cost = CostModel.from_dict(data)
     shapes = [(128, 128), (64, 64)] * 4
-    outputs, offered = {}, []
+    outputs, offered, stopped = {}, [], []
+    split_decode = node.decode_split
+
+    def spied(rid, devices, tile, on_tiles=None, taken=None):
+        def asked(d):
+            stop = taken(d)
+            if stop:
+                stopped.append((rid, d))
+            return stop
+
+        return split_decode(rid, devices, tile, on_tiles, asked if taken else None)
+
+    monkeypatch.setattr(node, "decode_split", spied)
     for split in (False, True):
         requests = [Request(f"q{i}", arrival=0.01 * i, width=w, height=h, steps=3, seed=i)
                     for i, (w, h) in enumerate(shapes)]
@@ -211,5 +224,6 @@ def test_node_loop_takes_spares_back_on_real_devices(node):
         outputs[split] = devices.outputs
         assert _pages(node) == {0: (0, 0), 1: (0, 0)}
     assert offered and all(o == [1] for o in offered)
+    assert stopped and all(d == 1 for _, d in stopped)
     for rid, image in outputs[False].items():
         assert np.array_equal(image, outputs[True][rid])
