@@ -188,11 +188,12 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
     done, ``blend`` s). ``taken``: spare i (≥ 1) → when (s from the last step) the loop
     took it back (``NodeDevices.reclaim``): it ends the tile it is in then and stops; its
     later tiles run on the lane, after the lane's own and not before that tile's end (when
-    the node engine's spare, asked before each tile, hands them over).
+    the node engine's spare, asked before each tile, hands them over; several spares'
+    in the order they are handed over).
     Without ``taken``: each device ends with its own tiles (:func:`decode_ends`)."""
     ends = [sum(ts) for ts in tiles]
-    lane = ends[0]
-    for i, at in sorted((taken or {}).items(), key=lambda kv: kv[1]):
+    handed: list[tuple[float, float]] = []  # (when a taken spare's tiles reach the lane, s)
+    for i, at in (taken or {}).items():
         if not 0 < i < len(tiles):
             raise ValueError(f"taken: spare {i} of a decode on {len(tiles)} devices")
         clock = 0.0
@@ -202,8 +203,11 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
                 left = sum(tiles[i][k + 1:])
                 if left:
                     ends[i] = clock
-                    lane = max(lane, clock) + left
+                    handed.append((clock, left))
                 break
+    lane = ends[0]
+    for when, left in sorted(handed):  # in the order they reach it
+        lane = max(lane, when) + left
     end = max(lane, *ends[1:]) + blend
     ends[0] = end
     return end, ends

@@ -134,6 +134,11 @@ def test_split_ends_by_hand():
     # the lane idle by then (its own tiles done at 1 s): the tiles left start when the
     # spare's tile in progress ends (2 s), not when it was taken back (1.5 s)
     assert split_ends([[1.0], [1.0, 1.0, 1.0]], 0.0, {1: 1.5}) == (3.0, [3.0, 2.0])
+    # two spares taken: their tiles reach the lane as each one's tile in progress ends
+    # (spare 2's at 0.8 s, spare 1's at 1.5 s), in that order, not in the order taken:
+    # the lane runs spare 2's tile 0.8-1.8 s, then spare 1's 1.8-2.8 s
+    assert split_ends([[0.5], [1.5, 1.0], [0.8, 1.0]], 0.0, {1: 0.5, 2: 0.6}) == (
+        pytest.approx(2.8), [pytest.approx(2.8), 1.5, 0.8])
     with pytest.raises(ValueError, match="taken"):
         split_ends([[1.0], [1.0]], 0.0, {0: 0.5})
 
