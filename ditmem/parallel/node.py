@@ -500,10 +500,12 @@ class NodeEngine:
         tiles end (it is free from then: ``scheduler.node.device.split_ends``). ``taken(d)``,
         asked before each of device d's tiles but its first: True takes d back there — it
         stops, ``on_tiles((d,))``, and its tiles left run on the holder after the holder's
-        own. A failed command raises (``CommandFailed`` / ``DeviceLost``) once every device
-        has stopped; the holder's decode is dropped by :meth:`release`; no segment is left
-        behind (every tile that came back is unlinked), except one a lost device makes
-        after the failure."""
+        own. A spare lost mid-split (``DeviceLost``) is as if taken back — its tile in
+        progress and those after it run on the holder — except that ``on_tiles`` does not
+        hand it back. A failed command of the holder, or any other failure, raises
+        (``CommandFailed`` / ``DeviceLost``) once every device has stopped; the holder's
+        decode is dropped by :meth:`release`; no segment is left behind (every tile that
+        came back is unlinked), except one a device that timed out makes after it."""
         from ditmem.parallel.worker import unlink_shared
         from ditmem.scheduler.node.cost import split_tiles
 
@@ -524,6 +526,7 @@ class NodeEngine:
 
         def spare(device: int, indices: list[int]) -> None:
             nonlocal running
+            n, lost = 0, False
             try:
                 for n, k in enumerate(indices):
                     if n and (errors or (taken is not None and taken(device))):
@@ -534,13 +537,19 @@ class NodeEngine:
                                      )[device].value[0]
                     with cond:
                         tiles[k] = ref
+            except DeviceLost as exc:  # the request lives on the holder: its tiles go there
+                log.warning("split decode of %s: device %d lost (%s); its tiles %s run on "
+                            "device %d", request_id, device, exc, indices[n:], lane)
+                lost = True
+                with cond:
+                    left.extend(indices[n:])
             except BaseException as exc:  # raised below, once every device has stopped
                 errors.append(exc)
             finally:
                 with cond:
                     running -= 1
                     cond.notify_all()
-            if on_tiles is not None and not errors:
+            if on_tiles is not None and not errors and not lost:
                 on_tiles((device,))
 
         threads = [threading.Thread(target=spare, args=(devices[i], idx), daemon=True)
