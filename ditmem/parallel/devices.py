@@ -441,7 +441,8 @@ class _GroupJob(JobStages):
                     image = node.decode_split(request.id, ds, owner.decode_tile, tiles_done,
                                               taken)
                 node.release(request.id)
-                if not moved:  # ran as split (a take-back too late moved nothing)
+                lost = [d for d in ds[1:] if d in node.dead]  # their tiles ran on the lane
+                if not moved and not lost:  # ran as split (a take-back too late moved nothing)
                     self._measured(request.id, len(ds), begin)
             except Exception as exc:  # this request fails; the job's others go on
                 msg = (f"job {self.job.job_id}: split decode of {request.id} on {ds}: "

@@ -22,6 +22,7 @@ class ScriptedNode:
     def __init__(self, no_room=(), failed=None):
         self.no_room = set(no_room)
         self.failed = dict(failed or {})
+        self.dead: dict[int, str] = {}  # devices lost (``NodeEngine.dead``)
         self.calls: list[tuple] = []
         self.holders: dict[str, tuple[int, ...]] = {}
 
@@ -239,3 +240,22 @@ def test_a_reclaim_too_late_to_move_a_tile_leaves_the_decode_learned_from():
     assert set(devices.outputs) == {"a"}
     assert [(rid, n) for rid, n, _ in next(c for c in seen if c.last).timings.decodes] == [
         ("a", 2)]
+
+
+def test_a_split_decode_that_lost_a_spare_is_not_learned_from():
+    """A spare dies during the split (``NodeEngine.decode_split`` runs its tiles on the
+    holder and the image comes): the decode is not a split's time, so it is left out of
+    the decode learning."""
+    a = Request("a", 0.0, width=128, height=128, steps=1)
+
+    class LosingNode(SplittingNode):
+        def decode_split(self, rid, devices, tile, on_tiles=None, taken=None):
+            self.dead[devices[1]] = "killed"
+            return np.zeros((1, 1, 3), np.uint8)
+
+    node = LosingNode()
+    pair = Node(2).groups(2)[0]
+    devices, seen, failed = _run(node, Job(0, pair, [a], 1, [], [], [a], split_decodes=True),
+                                 tile=(64, 48))
+    assert not failed and set(devices.outputs) == {"a"}
+    assert next(c for c in seen if c.last).timings.decodes == []
