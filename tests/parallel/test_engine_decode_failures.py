@@ -44,13 +44,19 @@ class ScriptedNode:
         self.holders.pop(rid, None)
 
 
-def _run(node, job, tile=None):
+def _run(node, job, tile=None, reclaim=()):
     """``job`` on ``EngineDevices`` over ``node`` (``tile``: their decode tile geometry)
-    until its last event: (the devices, every event, the ids failed)."""
+    until its last event: (the devices, every event, the ids failed). ``reclaim``: spare
+    devices the loop takes back once the job is launched, before its steps (which wait
+    for ``node.gate`` where the node has one)."""
     failed = []
     devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=tile,
                             on_failed=lambda rid, exc: failed.append(rid))
     devices.launch(job, 0.0)
+    for d in reclaim:
+        devices.reclaim(job, d, 0.0)
+    if getattr(node, "gate", None) is not None:
+        node.gate.set()
     seen = []
     while not any(c.last for c in seen):
         seen += devices.wait(None)
@@ -182,15 +188,7 @@ def test_a_reclaimed_spare_is_seen_by_its_decode_and_its_decode_is_not_learned_f
     node = YieldingNode()
     quad = Node(4).groups(4)[0]
     job = Job(0, quad, [a, b], 1, [], [], [a, b], split_decodes=True)
-    failed = []
-    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=(64, 48),
-                            on_failed=lambda rid, exc: failed.append(rid))
-    devices.launch(job, 0.0)
-    devices.reclaim(job, 3, 0.0)
-    node.gate.set()
-    seen = []
-    while not any(c.last for c in seen):
-        seen += devices.wait(None)
+    devices, seen, failed = _run(node, job, tile=(64, 48), reclaim=(3,))
     assert not failed and set(devices.outputs) == {"a", "b"}
     assert node.asked == {"a": {2: False}, "b": {3: True}}
     last = next(c for c in seen if c.last)
@@ -230,13 +228,7 @@ def test_a_reclaim_too_late_to_move_a_tile_leaves_the_decode_learned_from():
     node.step = lambda plan, step=node.step: (node.gate.wait(60), step(plan))
     pair = Node(2).groups(2)[0]
     job = Job(0, pair, [a], 1, [], [], [a], split_decodes=True)
-    devices = EngineDevices(node, lambda r: r, keep_outputs=True, decode_tile=(64, 48))
-    devices.launch(job, 0.0)
-    devices.reclaim(job, 1, 0.0)
-    node.gate.set()
-    seen = []
-    while not any(c.last for c in seen):
-        seen += devices.wait(None)
+    devices, seen, _ = _run(node, job, tile=(64, 48), reclaim=(1,))
     assert set(devices.outputs) == {"a"}
     assert [(rid, n) for rid, n, _ in next(c for c in seen if c.last).timings.decodes] == [
         ("a", 2)]
