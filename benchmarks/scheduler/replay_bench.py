@@ -3,16 +3,20 @@ and its FIFO-first order (``order="fifo"``) side by side, on the measured profil
 noise on.
 
     python benchmarks/scheduler/replay_bench.py [--bench JSON] [--seeds 3] [--json OUT]
-        [--setting LABEL=KEY:VALUE,KEY:VALUE ...] [--demo RUN.json ... [--demo-seeds N]]
+        [--noise-seeds N] [--setting LABEL=KEY:VALUE,KEY:VALUE ...]
+        [--demo RUN.json ... [--demo-seeds N]]
         [--late-share S ...]
 
 ``--bench`` (default ``benchmarks/serving/results/bench_omni_random_s5.json``, written by
 ``benchmarks/serving/bench_serving.py --mix omni-random --json``) carries both runs'
 per-request rows (arrival, sides, steps, the client's SLO) and the profile the server
 measured at start. Row "bench trace": the bench's own arrivals and shapes, deadlines as the
-server sets them (3 × the profile's standalone time), attainment both against those and
-against the client's SLOs (its warm-up rule). Rows "seed k": the same shapes with fresh
-Poisson arrivals at the bench's load (``--load``, default 0.8), server deadlines only.
+server sets them (``--slo-scale``, default 3, × the profile's standalone time, as ``ditmem
+serve --slo-scale``; repeatable: every trace at each scale, labelled ``xS``), attainment
+both against those and against the client's SLOs (its warm-up rule). Rows "seed k": the
+same shapes with fresh Poisson arrivals at the bench's load (``--load``, default 0.8);
+their client SLOs are the bench's for the same shape (the warm-up rule depends on the shape alone).
+``--noise-seeds N`` replays each of those traces with noise seeds 0..N-1 (a row each).
 Columns: attainment (%), P50/P95/P99/max latency (s) and P95/P99/max over fifo's.
 
 ``--demo RUN.json`` (repeatable; a ``ditmem demo --json`` file with its
@@ -65,6 +69,20 @@ def bench_trace(bench: dict) -> tuple[list[Request], dict[str, float]]:
                     frames=r["frames"], steps=r["steps"], priority=r["priority"])
             for r in rows]
     return reqs, {r["id"]: r["slo_s"] for r in rows}
+
+
+def shape(r: Request) -> tuple[int, int, int, int]:
+    return r.width, r.height, r.frames, r.steps
+
+
+def client_by_shape(reqs: list[Request], client: dict[str, float]) -> dict[tuple, float]:
+    """The client's SLO (s) per shape: its warm-up rule (3 x a warm-up unit x pixels x steps)
+    depends on the shape alone, so a fresh trace of the same shapes has the same SLOs."""
+    out: dict[tuple, float] = {}
+    for r in reqs:
+        if abs(out.setdefault(shape(r), client[r.id]) - client[r.id]) > 1e-9 * client[r.id]:
+            raise ValueError(f"bench: two client SLOs for shape {shape(r)}")
+    return out
 
 
 def parse_setting(text: str) -> tuple[str, str, dict]:
@@ -167,6 +185,11 @@ def main() -> None:
                     help="fresh-arrival traces (seeds 1..N) besides the bench's (seed 0)")
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--noise", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--slo-scale", type=float, action="append", default=None,
+                    help="the server's deadlines: scale x standalone time (ditmem serve "
+                         "--slo-scale; default 3); repeatable: every trace at each scale")
+    ap.add_argument("--noise-seeds", type=int, default=1,
+                    help="replay each bench trace with noise seeds 0..N-1 (default 1: seed 0)")
     ap.add_argument("--setting", action="append", default=[],
                     help="extra slo row LABEL=KEY:VALUE,... (repeatable)")
     ap.add_argument("--demo", action="append", default=[],
@@ -179,28 +202,39 @@ def main() -> None:
                     help="print each trace's bounds (with the tail target; module docstring)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
+    args.slo_scale = args.slo_scale or [3.0]
     logging.basicConfig(level=logging.WARNING)
     with open(args.bench) as fh:
         bench = json.load(fh)
     cost = CostModel.from_dict(bench["profile_data"])
     base, client = bench_trace(bench)
-    traces = [("bench trace", [cost.assign_deadline(r.resubmitted(r.arrival)) for r in base],
-               client)]
-    for seed in range(1, args.seeds + 1):  # seed 0 is the bench's own arrivals
-        traces.append((f"seed {seed}", with_load(base, cost, args.load, seed=seed), None))
+    by_shape = client_by_shape(base, client)
+    traces = []
+    for scale in args.slo_scale:
+        tag = "" if args.slo_scale == [3.0] else f" x{scale:g}"
+        traces.append((f"bench trace{tag}", scale, [
+            cost.assign_deadline(r.resubmitted(r.arrival), scale) for r in base], client))
+        for seed in range(1, args.seeds + 1):  # seed 0 is the bench's own arrivals
+            fresh = with_load(base, cost, args.load, seed=seed, slo_scale=scale)
+            traces.append((f"seed {seed}{tag}", scale, fresh,
+                           {r.id: by_shape[shape(r)] for r in fresh}))
     settings = SETTINGS + [parse_setting(s) for s in args.setting]
     rows: list[dict] = []
     found_bounds: list | None = [] if args.bound else None
     print(f"{len(base)} requests ({args.bench}), profile {cost.name!r}, noise {args.noise:g}")
     print(f"{'trace':<18} {'policy':<26} {'att %':>6} {'client':>6} {'P50':>6} {'P95':>6} "
           f"{'P99':>6} {'max':>6} {'P95/f':>6} {'P99/f':>6} {'max/f':>6}")
-    for name, reqs, slo in traces:
+    for name, scale, reqs, slo in traces:
         if found_bounds is not None:
             found_bounds.append(bounds(name, reqs, cost))
-        found = [run(reqs, cost, policy, options, 0, args.noise, slo) | dict(
-            trace=name, setting=label, options=options) for label, policy, options in settings]
-        show(found, slo is not None)
-        rows += found
+        for j in range(args.noise_seeds):
+            found = [run(reqs, cost, policy, options, j, args.noise, slo) | dict(
+                trace=name, slo_scale=scale, noise_seed=j, setting=label, options=options)
+                for label, policy, options in settings]
+            show(found, True)
+            rows += found
+    for scale in args.slo_scale:
+        summarize_settings([r for r in rows if r.get("slo_scale") == scale], scale)
     for path in args.demo:
         for k in range(args.demo_seeds + 1):
             found = replay_demo(path, settings, args.noise, k, tuple(args.late_share),
@@ -213,11 +247,39 @@ def main() -> None:
         print(f"json: {args.json}")
 
 
+def summarize_settings(rows: list[dict], scale: float) -> None:
+    """Print, per setting, over the bench traces' rows (each (trace, noise seed) replayed
+    with fifo first): mean attainment (server's deadlines, client's SLOs; %), the worst
+    client attainment, median P95/P99 over fifo's, and on how many runs P95 and P99 are
+    both at most fifo's."""
+    runs: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        runs.setdefault((r["trace"], r["noise_seed"]), {})[r["setting"]] = r
+    if not runs:
+        return
+    print(f"\nserver deadlines {scale:g} x standalone, over {len(runs)} runs:\n"
+          f"{'setting':<26} {'att %':>6} {'client':>6} "
+          f"{'worst':>6} {'P95/f':>6} {'P99/f':>6} {'both<=1':>8}")
+    for label in next(iter(runs.values())):
+        got = [(by[label], by["fifo"]) for by in runs.values()]
+        p95 = sorted(r["p95_s"] / f["p95_s"] for r, f in got)
+        p99 = sorted(r["p99_s"] / f["p99_s"] for r, f in got)
+        both = sum(r["p95_s"] <= f["p95_s"] and r["p99_s"] <= f["p99_s"] for r, f in got)
+        att = sum(r["slo_attainment"] for r, _ in got) / len(got)
+        cli = [r["client_attainment"] for r, _ in got]
+        print(f"{label:<26} {100 * att:6.1f} "
+              f"{100 * sum(cli) / len(cli):6.1f} {100 * min(cli):6.1f} "
+              f"{percentile(p95, 50):6.2f} {percentile(p99, 50):6.2f} "
+              f"{both:>4}/{len(got)}")
+
+
 def show(rows: list[dict], client: bool) -> None:
     """Print ``rows`` (one trace's settings, fifo first) with ratios to the first."""
     fifo = rows[0]
     for r in rows:
         name = r["trace"].rsplit("/", 1)[-1].removesuffix(".json")
+        if "noise_seed" in r:
+            name = f"{name} n{r['noise_seed']}"
         client_att = f"{100 * r['client_attainment']:6.1f}" if client else f"{'':>6}"
         print(f"{name:<18} {r['setting']:<26} {100 * r['slo_attainment']:6.1f} {client_att} "
               f"{r['p50_s']:6.2f} {r['p95_s']:6.2f} {r['p99_s']:6.2f} {r['max_s']:6.2f} "
