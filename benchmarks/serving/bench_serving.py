@@ -64,7 +64,7 @@ def start_server(run: str, port: int, profile: str, args, env: dict) -> subproce
     policy, opts = parse_run(run)
     cmd = [sys.executable, "-m", "ditmem.cli", "serve", "--policy", policy, "--port", str(port),
            "--profile", profile, "--pool-mb", str(args.pool_mb), "--log-level", "warning",
-           "--decode-workers", str(args.decode_workers)]
+           "--decode-workers", str(args.decode_workers), "--slo-scale", str(args.slo_scale)]
     cmd += [a for opt in opts for a in ("--opt", opt)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     deadline = time.monotonic() + args.start_timeout
@@ -150,6 +150,9 @@ def main() -> int:
                         "start-up measurement)")
     p.add_argument("--pool-mb", type=float, default=64.0)
     p.add_argument("--decode-workers", type=int, default=0)
+    p.add_argument("--slo-scale", type=float, default=3.0,
+                   help="every server's own deadlines: scale x its standalone estimate "
+                        "(ditmem serve --slo-scale; the client's SLO is its own rule)")
     p.add_argument("--start-timeout", type=float, default=300.0,
                    help="seconds a server may take to start (a measurement included)")
     p.add_argument("--runs", default=DEFAULT_RUNS,
