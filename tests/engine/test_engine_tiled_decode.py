@@ -67,18 +67,26 @@ def test_inline_decode_in_tiles_equals_the_stock_tiled_decode(gen):
     gen.release(state)
 
 
-def test_urgent_request_overtakes_a_tiled_decode(gen):
-    engine = make_engine(gen, decode="tiled", decode_tile=TILE)
-    tiles = engine.executor.tiles
+
+def _gate_first_tile(tiles):
+    """Hold the engine's first decode tile until ``submitted`` is set (the test queues its
+    second request meanwhile); ``decoding`` is set once that tile has been reached."""
     decoding, submitted = threading.Event(), threading.Event()
     run = tiles.run
 
-    def gated_run(job_id):  # hold the first tile until the urgent request is queued
+    def gated_run(job_id):
         decoding.set()
         assert submitted.wait(60)
         return run(job_id)
 
     tiles.run = gated_run
+    return decoding, submitted
+
+
+def test_urgent_request_overtakes_a_tiled_decode(gen):
+    engine = make_engine(gen, decode="tiled", decode_tile=TILE)
+    tiles = engine.executor.tiles
+    decoding, submitted = _gate_first_tile(tiles)
     engine.start()
     t_large = engine.submit(large(), priority=2, slo_ms=600_000)
     assert decoding.wait(120)
@@ -157,15 +165,7 @@ def test_a_late_decode_takes_the_time_the_plan_spares(gen, margin, large_first):
                     decode="tiled", decode_tile=TILE)
     tiles = engine.executor.tiles
     tiles._order.late_share = 0.0
-    decoding, submitted = threading.Event(), threading.Event()
-    run = tiles.run
-
-    def gated_run(job_id):  # hold the first tile until the on-time request is queued
-        decoding.set()
-        assert submitted.wait(60)
-        return run(job_id)
-
-    tiles.run = gated_run
+    decoding, submitted = _gate_first_tile(tiles)
     engine.start()
     t_large = engine.submit(large(), priority=2, slo_ms=1)
     assert decoding.wait(120)
