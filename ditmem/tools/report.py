@@ -20,6 +20,7 @@ def run_summary(records, services, stats, wall_s: float, pages_leaked: int | Non
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
     rate = (len(arrivals) - 1) / span if span > 0 else math.nan
     out["latencies_s"] = [r.latency for r in records]
+    out["per_request"] = request_rows(records)
     out["wall_s"] = wall_s
     out["arrival_rate_per_s"] = rate
     out["mean_service_s"] = sum(services) / len(services) if services else math.nan
@@ -34,6 +35,22 @@ def run_summary(records, services, stats, wall_s: float, pages_leaked: int | Non
     if pages_leaked is not None:
         out["pages_leaked"] = pages_leaked
     return out
+
+
+def request_rows(records) -> list[dict]:
+    """One row per request, in arrival order, for diagnosing a run after the fact: ``id``,
+    ``shape`` ("WxH"), ``steps``, ``priority``, ``arrival_s``, ``started_s``, ``finished_s``,
+    ``deadline_s`` (seconds on the run's clock), ``latency_s``, ``preemptions``,
+    ``offloads``, ``met``."""
+    rows = []
+    for r in sorted(records, key=lambda r: (r.request.arrival, r.request.id)):
+        q = r.request
+        rows.append({"id": q.id, "shape": f"{q.width}x{q.height}", "steps": q.steps,
+                     "priority": q.priority, "arrival_s": q.arrival, "started_s": r.started,
+                     "finished_s": r.finished, "deadline_s": q.deadline,
+                     "latency_s": r.latency, "preemptions": r.preemptions,
+                     "offloads": r.offloads, "met": r.met})
+    return rows
 
 
 def _fmt(v, pct=False) -> str:

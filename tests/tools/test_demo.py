@@ -32,4 +32,8 @@ def test_demo_runs_both_policies(tmp_path, mode, capsys):
             assert key in r, key
         assert r["decode"] == {"fifo": "inline", "slo": "tiled"}
         assert 0.0 <= r["clairvoyant_attainment"] <= r["bound_attainment"] <= 1.0
+        per = r["per_request"]  # one row a request, agreeing with the summary's attainment
+        assert len({q["id"] for q in per}) == 8
+        assert sum(q["met"] for q in per) / 8 == pytest.approx(r["slo_attainment"])
+        assert all(q["arrival_s"] <= q["started_s"] <= q["finished_s"] for q in per)
     assert "offline bound for this trace" in capsys.readouterr().out
