@@ -65,17 +65,24 @@ def test_decode_parts_and_ends_by_hand():
     assert ends == [4.0] and devices == {0: 4.0, 1: 0.0}
 
 
+def _split_and_whole(small_at: float):
+    """A lone 1024² (4 steps) and a 512² (1 step) arriving at ``small_at``, run by slo on 2
+    devices with split decodes (no yield) and without: their records by id, each run."""
+    nc = _cost()
+    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
+          req("small", small_at, size=512, steps=1, cost=nc.cost)]
+    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
+                      split_yield=False))
+    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=False))
+    return split, whole
+
+
 def test_lone_1024_decodes_on_both_devices_and_the_second_goes_back_with_its_tiles():
     """A lone 1024² (4 steps at degree 2: 8 s) then its decode: split, 2 s of tiles on
     each device, then the blend on device 0: done at 10 s + blend; unsplit: 8 + 4 s. A
     512² arriving at 10 s runs on device 1 at once with the split (device 1's tiles ended
     at 10 s): done at 11 s; unsplit device 1 is free from 8 s too: also 11 s."""
-    nc = _cost()
-    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
-          req("small", 10.0, size=512, steps=1, cost=nc.cost)]
-    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
-                    split_yield=False))
-    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=False))
+    split, whole = _split_and_whole(small_at=10.0)
     assert split["big"].degrees == {2: 4} and whole["big"].degrees == {2: 4}
     assert split["big"].finished == pytest.approx(10.0 + BLEND)
     assert whole["big"].finished == pytest.approx(12.0)
@@ -89,12 +96,7 @@ def test_a_small_request_waits_for_the_spare_device_until_its_tiles_end():
     10 s (device 1 back at 10 s, device 0 after the blend), so the 512² starts at 10 s and
     is done at 11 s; unsplit, device 1 is free from 8 s: done at 10 s. (The split trades
     the small request's second for the large one's two.)"""
-    nc = _cost()
-    rs = [req("big", 0, size=1024, steps=4, cost=nc.cost),
-          req("small", 9.0, size=512, steps=1, cost=nc.cost)]
-    split = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=True,
-                    split_yield=False))
-    whole = by_id(run(rs, "slo", 2, _cost(), forecast=False, split_decodes=False))
+    split, whole = _split_and_whole(small_at=9.0)
     assert split["small"].finished == pytest.approx(11.0)
     assert split["big"].finished == pytest.approx(10.0 + BLEND)
     assert whole["small"].finished == pytest.approx(10.0)
