@@ -1,0 +1,143 @@
+"""Which requests a real ``ditmem demo`` run lost that its simulator replay keeps, and why.
+
+Reads a demo JSON with ``per_request`` rows (``ditmem demo --json``, a4c7b46 on) and its
+profile, rebuilds the run's trace, replays it in the simulator per policy on several noise
+seeds (3 % lognormal, the demo's own prediction setting), and prints one row per request that
+missed in the run or in any replay: shape, priority, arrival, window, the run's start, finish
+and preemptions beside the first replay's, and how many replays missed it. Then, per policy,
+the real and simulated start delays and slowdowns by shape class (median), so that a gap that
+is the run's speed reads differently from one that is the policy's order.
+
+    python benchmarks/scheduler/demo_misses.py RUN.json [--profile RUN_profile.json] \\
+        [--noise-seeds 8] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from demo_at_run_speed import DEMO_PAGE_BYTES, DEMO_POOL_PAGES  # noqa: E402
+from replay_bench import demo_trace  # noqa: E402
+
+from ditmem.scheduler import CostModel  # noqa: E402
+from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise  # noqa: E402
+from ditmem.scheduler.policies import make_policy  # noqa: E402
+from ditmem.scheduler.simulator import simulate  # noqa: E402
+from ditmem.tools.report import request_rows  # noqa: E402
+
+
+def replays(run: dict, cost: CostModel, seeds: int, sigma: float) -> list[dict[int, dict]]:
+    """Per noise seed, the simulator's per-request rows for ``run``'s trace, keyed by id."""
+    reqs = demo_trace(run, cost)
+    out = []
+    for seed in range(seeds):
+        result = simulate([dataclasses.replace(r) for r in reqs],
+                          make_policy(run["policy"], cost.fresh()),
+                          page_bytes=DEMO_PAGE_BYTES, device_pages=DEMO_POOL_PAGES,
+                          decode=run["decode"].get(run["policy"], "inline"),
+                          noise=TimingNoise(sigma=sigma, seed=seed))
+        out.append({row["id"]: row for row in request_rows(result.records)})
+    return out
+
+
+def compare(run: dict, sims: list[dict[int, dict]]) -> dict:
+    """The rows and per-shape medians for one policy's run (times in s on the run's clock)."""
+    real = {row["id"]: row for row in run["per_request"]}
+    missing = set(real) ^ set(sims[0])
+    if missing:
+        raise ValueError(f"the replay's trace differs from the run's: ids {sorted(missing)[:5]}")
+    lost = []
+    for rid, r in real.items():
+        sim_miss = sum(not s[rid]["met"] for s in sims)
+        if r["met"] and not sim_miss:
+            continue
+        s = sims[0][rid]
+        lost.append({"id": rid, "shape": r["shape"], "priority": r["priority"],
+                     "arrival_s": r["arrival_s"], "window_s": r["deadline_s"] - r["arrival_s"],
+                     "real_wait_s": r["started_s"] - r["arrival_s"],
+                     "real_latency_s": r["latency_s"], "real_preemptions": r["preemptions"],
+                     "real_met": r["met"], "sim_wait_s": s["started_s"] - s["arrival_s"],
+                     "sim_latency_s": s["latency_s"], "sim_preemptions": s["preemptions"],
+                     "sim_missed_of": f"{sim_miss}/{len(sims)}"})
+    shapes = {}
+    for shape in sorted({r["shape"] for r in real.values()}):
+        ids = [i for i, r in real.items() if r["shape"] == shape]
+        window = {i: real[i]["deadline_s"] - real[i]["arrival_s"] for i in ids}
+        shapes[shape] = {
+            "n": len(ids),
+            "real_wait_s": statistics.median(real[i]["started_s"] - real[i]["arrival_s"]
+                                             for i in ids),
+            "sim_wait_s": statistics.median(sims[0][i]["started_s"] - sims[0][i]["arrival_s"]
+                                            for i in ids),
+            "real_latency_per_window": statistics.median(real[i]["latency_s"] / window[i]
+                                                         for i in ids),
+            "sim_latency_per_window": statistics.median(sims[0][i]["latency_s"] / window[i]
+                                                        for i in ids),
+            "real_misses": sum(not real[i]["met"] for i in ids),
+            "sim_misses_mean": statistics.mean(sum(not s[i]["met"] for i in ids)
+                                               for s in sims),
+        }
+    return {"policy": run["policy"], "lost": lost, "shapes": shapes,
+            "real_misses": sum(not r["met"] for r in real.values()),
+            "sim_misses": [sum(not r["met"] for r in s.values()) for s in sims]}
+
+
+def print_report(path: str, res: dict) -> None:
+    print(f"\n{path} [{res['policy']}]: the run missed {res['real_misses']}; the replays "
+          f"missed {res['sim_misses']}")
+    head = (f"{'id':>4} {'shape':>9} {'p':>2} {'arrive':>8} {'window':>7} | {'wait':>6} "
+            f"{'latency':>8} {'pre':>3} {'met':>4} | {'wait':>6} {'latency':>8} {'pre':>3} "
+            f"{'missed':>6}")
+    print(f"{'':41}| {'the run':^25}| {'replay (noise seed 0)':^28}")
+    print(head)
+    for r in res["lost"]:
+        print(f"{r['id']:>4} {r['shape']:>9} {r['priority']:>2} {r['arrival_s']:>8.2f} "
+              f"{r['window_s']:>7.2f} | {r['real_wait_s']:>6.2f} {r['real_latency_s']:>8.2f} "
+              f"{r['real_preemptions']:>3} {'yes' if r['real_met'] else 'no':>4} | "
+              f"{r['sim_wait_s']:>6.2f} {r['sim_latency_s']:>8.2f} {r['sim_preemptions']:>3} "
+              f"{r['sim_missed_of']:>6}")
+    print(f"{'shape':>9} {'n':>4} {'wait real':>10} {'wait sim':>9} {'lat/window real':>16} "
+          f"{'sim':>6} {'misses real':>12} {'sim':>5}")
+    for shape, s in res["shapes"].items():
+        print(f"{shape:>9} {s['n']:>4} {s['real_wait_s']:>10.3f} {s['sim_wait_s']:>9.3f} "
+              f"{s['real_latency_per_window']:>16.3f} {s['sim_latency_per_window']:>6.3f} "
+              f"{s['real_misses']:>12} {s['sim_misses_mean']:>5.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="demo JSON files with per_request rows")
+    ap.add_argument("--profile", default=None,
+                    help="the run's profile (default: RUN_profile.json beside each run)")
+    ap.add_argument("--noise-seeds", type=int, default=8)
+    ap.add_argument("--sigma", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out = []
+    for path in args.runs:
+        profile = args.profile or path.removesuffix(".json") + "_profile.json"
+        cost = CostModel.load(profile)
+        with open(path) as fh:
+            rows = json.load(fh)
+        for run in rows:
+            if "per_request" not in run:
+                sys.exit(f"{path}: the {run['policy']} row has no per_request rows (a run "
+                         "before a4c7b46)")
+            res = compare(run, replays(run, cost, args.noise_seeds, args.sigma))
+            print_report(path, res)
+            out.append(dict(res, run=path))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+        print(f"json: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
