@@ -6,10 +6,13 @@ seeds (3 % lognormal, the demo's own prediction setting), and prints one row per
 missed in the run or in any replay: shape, priority, arrival, window, the run's start, finish
 and preemptions beside the first replay's, and how many replays missed it. Then, per policy,
 the real and simulated start delays and slowdowns by shape class (median), so that a gap that
-is the run's speed reads differently from one that is the policy's order.
+is the run's speed reads differently from one that is the policy's order. With
+``--decisions`` (the run's ``ditmem demo --decisions`` file) each such request's timeline
+follows, decision by decision, in the run and in the first replay: when it ran, waited or
+waited as late, and what ran meanwhile (``scheduler.policies.recorder``).
 
     python benchmarks/scheduler/demo_misses.py RUN.json [--profile RUN_profile.json] \\
-        [--noise-seeds 8] [--json OUT.json]
+        [--noise-seeds 8] [--decisions RUN_decisions.json] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -29,22 +32,37 @@ from replay_bench import demo_trace  # noqa: E402
 from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise  # noqa: E402
 from ditmem.scheduler.policies import make_policy  # noqa: E402
+from ditmem.scheduler.policies.recorder import Decision, DecisionLog, describe, timeline  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.tools.report import request_rows  # noqa: E402
 
 
-def replays(run: dict, cost: CostModel, seeds: int, sigma: float) -> list[dict[int, dict]]:
-    """Per noise seed, the simulator's per-request rows for ``run``'s trace, keyed by id."""
+def replays(run: dict, cost: CostModel, seeds: int, sigma: float
+            ) -> tuple[list[dict[str, dict]], list[Decision]]:
+    """Per noise seed, the simulator's per-request rows for ``run``'s trace, keyed by id;
+    and the first replay's decisions."""
     reqs = demo_trace(run, cost)
-    out = []
+    out, first = [], None
     for seed in range(seeds):
-        result = simulate([dataclasses.replace(r) for r in reqs],
-                          make_policy(run["policy"], cost.fresh()),
+        policy = DecisionLog(make_policy(run["policy"], cost.fresh()))
+        result = simulate([dataclasses.replace(r) for r in reqs], policy,
                           page_bytes=DEMO_PAGE_BYTES, device_pages=DEMO_POOL_PAGES,
                           decode=run["decode"].get(run["policy"], "inline"),
                           noise=TimingNoise(sigma=sigma, seed=seed))
         out.append({row["id"]: row for row in request_rows(result.records)})
-    return out
+        first = policy.log if first is None else first
+    return out, first
+
+
+def print_timelines(res: dict, real_log: list[Decision], sim_log: list[Decision],
+                    real: dict[str, dict], sim: dict[str, dict]) -> None:
+    """Each listed request's timeline in the run and in the first replay."""
+    for r in res["lost"]:
+        rid = r["id"]
+        for name, log, row in (("run", real_log, real[rid]), ("replay", sim_log, sim[rid])):
+            print(f"-- {rid} ({r['shape']}, due {row['deadline_s']:.2f}) in the {name}: "
+                  f"arrived {row['arrival_s']:.2f}, finished {row['finished_s']:.2f}")
+            print(describe(timeline(log, rid, row["arrival_s"], row["finished_s"])))
 
 
 def compare(run: dict, sims: list[dict[int, dict]]) -> dict:
@@ -118,6 +136,9 @@ def main() -> None:
                     help="the run's profile (default: RUN_profile.json beside each run)")
     ap.add_argument("--noise-seeds", type=int, default=8)
     ap.add_argument("--sigma", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--decisions", default=None,
+                    help="the run's decisions (ditmem demo --decisions; one run only): print "
+                         "each listed request's timeline in the run and in the replay")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     out = []
@@ -130,8 +151,14 @@ def main() -> None:
             if "per_request" not in run:
                 sys.exit(f"{path}: the {run['policy']} row has no per_request rows (a run "
                          "before a4c7b46)")
-            res = compare(run, replays(run, cost, args.noise_seeds, args.sigma))
+            sims, sim_log = replays(run, cost, args.noise_seeds, args.sigma)
+            res = compare(run, sims)
             print_report(path, res)
+            if args.decisions:
+                with open(args.decisions) as fh:
+                    real_log = [Decision.from_row(d) for d in json.load(fh)[run["policy"]]]
+                print_timelines(res, real_log, sim_log,
+                                {row["id"]: row for row in run["per_request"]}, sims[0])
             out.append(dict(res, run=path))
     if args.json:
         with open(args.json, "w") as fh:

@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-kb", type=int, default=64)
     p.add_argument("--plot", default="demo.png", help="PNG path ('' to skip)")
     p.add_argument("--json", default=None, help="write results JSON here")
+    p.add_argument("--decisions", default=None,
+                   help="write every policy decision of each replay here (JSON: per policy, "
+                        "one row per decision: now, batch, admit, offload, restore, late ids; "
+                        "read by benchmarks/scheduler/demo_misses.py --decisions)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",
                    help="parallel (default): one process per policy, each pinned to its own "
@@ -163,6 +167,10 @@ def main(args) -> int:
     from ditmem.scheduler import CostModel
 
     if args.devices > 1:
+        if args.decisions:
+            print("ditmem demo: --decisions is for the one-device demo (--devices 1)",
+                  file=sys.stderr)
+            return 2
         from ditmem.tools.node_demo import main as node_main
 
         return node_main(args)
@@ -239,4 +247,8 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
         print(f"json: {args.json}")
+    if args.decisions:
+        with open(args.decisions, "w") as f:
+            json.dump({n: outcomes[n]["decisions"] for n in names}, f)
+        print(f"decisions: {args.decisions}")
     return 0

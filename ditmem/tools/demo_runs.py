@@ -64,6 +64,11 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
 
     check, as_measured = ProfileCheck(), CostModel.load(args.profile)
     policy = ObservingPolicy(policy, lambda rep: observe_step_report(check, rep, as_measured))
+    decisions = None
+    if getattr(args, "decisions", None):
+        from ditmem.scheduler.policies.recorder import DecisionLog
+
+        policy = decisions = DecisionLog(policy)
     pool, host = make_pools(config, "cpu")
     engine = Engine(gen, policy, cost, pool, host, model=model_key,
                     max_queued=config.max_queued, decode_workers=args.decode_workers,
@@ -88,7 +93,8 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
     return {"records": records, "services": services, "stats": engine.stats(), "wall": wall,
             "vs_profile": check.summary(),
             "leaked": pool.num_used_pages + host.num_used_pages,
-            "page_bytes": pool.page_bytes, "num_pages": pool.num_pages}
+            "page_bytes": pool.page_bytes, "num_pages": pool.num_pages,
+            "decisions": [d.as_row() for d in decisions.log] if decisions is not None else None}
 
 
 def _child(args, name, barrier, out_queue, in_queue, core, line) -> None:

@@ -1,0 +1,109 @@
+"""A one-device policy wrapper that logs its decisions, to set a real run beside its replay.
+
+``DecisionLog(policy)`` decides exactly as ``policy`` (every other attribute and call, the
+loop's reports included, is the wrapped policy's) and keeps, per decision, the plan's
+batch, admits, offloads and restores, the ids the policy holds as late (its tail lane, when
+it has one) and how many requests were started and waiting. :func:`timeline` then says what
+one request was doing from decision to decision — running, waiting, or waiting as late —
+and what ran while it waited, the same way for the engine's log and the simulator's, so
+the first place they part is readable (``benchmarks/scheduler/demo_misses.py``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class Decision:
+    """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, and the
+    numbers of started (``active``) and ``waiting`` requests it saw."""
+
+    now: float
+    batch: tuple[str, ...]
+    admit: tuple[str, ...]
+    offload: tuple[str, ...]
+    restore: tuple[str, ...]
+    late: tuple[str, ...]
+    active: int
+    waiting: int
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: dict) -> Decision:
+        return cls(row["now"], *(tuple(row[k]) for k in ("batch", "admit", "offload",
+                                                         "restore", "late")),
+                   row["active"], row["waiting"])
+
+
+class DecisionLog:
+    """``policy`` with its decisions appended to ``self.log`` (module docstring)."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.log: list[Decision] = []
+
+    def schedule(self, now: float, view):
+        plan = self.policy.schedule(now, view)
+        lane = getattr(self.policy, "lane", None)
+        self.log.append(Decision(now, tuple(plan.batch), tuple(plan.admit),
+                                 tuple(plan.offload), tuple(plan.restore),
+                                 tuple(lane.ids()) if lane is not None else (),
+                                 len(view.active), len(view.waiting)))
+        return plan
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+@dataclass(slots=True)
+class Segment:
+    """Consecutive decisions in which a request was in one ``state`` (``"runs"``,
+    ``"waits"`` or ``"waits late"``): from ``start`` to ``end`` (s, the first decision of
+    the next segment, or the last decision seen), over ``decisions`` decisions; ``others``
+    counts the ids that ran in them (by id), ``offloaded`` whether it was offloaded then."""
+
+    state: str
+    start: float
+    end: float
+    decisions: int
+    others: Counter
+    offloaded: bool = False
+
+
+def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> list[Segment]:
+    """What ``rid`` did between ``arrival`` and ``finished`` (s), segment by segment."""
+    segments: list[Segment] = []
+    for d in log:
+        if d.now < arrival or d.now > finished:
+            continue
+        state = "runs" if rid in d.batch else ("waits late" if rid in d.late else "waits")
+        if segments and segments[-1].state == state:
+            seg = segments[-1]
+        else:
+            if segments:
+                segments[-1].end = d.now
+            seg = Segment(state, d.now, d.now, 0, Counter())
+            segments.append(seg)
+        seg.decisions += 1
+        seg.end = d.now
+        seg.others.update(i for i in d.batch if i != rid)
+        seg.offloaded |= rid in d.offload
+    return segments
+
+
+def describe(segments: list[Segment], top: int = 3) -> str:
+    """One line per segment: ``start–end state (n decisions)``, with the ids that ran most
+    while the request waited."""
+    lines = []
+    for s in segments:
+        line = f"{s.start:8.2f}–{s.end:8.2f} {s.state:<10} ({s.decisions})"
+        if s.state != "runs" and s.others:
+            line += " ran: " + ", ".join(f"{i}×{n}" for i, n in s.others.most_common(top))
+        if s.offloaded:
+            line += " [offloaded]"
+        lines.append(line)
+    return "\n".join(lines)

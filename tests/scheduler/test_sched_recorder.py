@@ -1,0 +1,41 @@
+"""scheduler.policies.recorder: a logged policy decides as the policy; timelines by hand."""
+
+import dataclasses
+
+import pytest
+from sched_factories import req, table_cost
+
+from ditmem.scheduler import CostModel, make_policy
+from ditmem.scheduler.policies.recorder import Decision, DecisionLog, describe, timeline
+from ditmem.scheduler.simulator import simulate
+from ditmem.scheduler.workloads import workload
+
+
+@pytest.mark.parametrize("policy", ["fifo", "slo"])
+def test_the_logged_policy_decides_as_the_policy(policy):
+    cost = CostModel.load("h200")
+    reqs = workload("seed-mix", cost, requests=120, seed=2, load=0.9)
+    plain = simulate([dataclasses.replace(r) for r in reqs], make_policy(policy, cost.fresh()))
+    logged = DecisionLog(make_policy(policy, cost.fresh()))
+    res = simulate([dataclasses.replace(r) for r in reqs], logged)
+    assert [(r.request.id, r.finished) for r in res.records] == \
+        [(r.request.id, r.finished) for r in plain.records]
+    steps = sum(len(d.batch) for d in logged.log)
+    assert steps == sum(r.steps for r in reqs)  # one packed step per decision with a batch
+    rows = [d.as_row() for d in logged.log]
+    assert [Decision.from_row(r) for r in rows] == logged.log
+
+
+def test_timeline_of_a_request_waiting_behind_another_under_fifo():
+    # 512² steps take 1 s (4 steps, no encode/decode): a runs 0-4 s, b (arrives 0.5) 4-8 s.
+    cost = table_cost()
+    a, b = req("a", 0.0, cost=cost), req("b", 0.5, cost=cost)
+    logged = DecisionLog(make_policy("fifo", cost.fresh()))
+    res = {r.request.id: r for r in simulate([a, b], logged).records}
+    assert res["b"].finished == pytest.approx(8.0)
+    segs = timeline(logged.log, "b", 0.5, res["b"].finished)
+    assert [s.state for s in segs] == ["waits", "runs"]
+    assert (segs[0].start, segs[0].end) == pytest.approx((1.0, 4.0))
+    assert segs[0].decisions == 3 and segs[0].others == {"a": 3}
+    assert segs[1].decisions == 4 and not segs[1].others
+    assert "ran: a×3" in describe(segs)
