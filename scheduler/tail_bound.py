@@ -38,11 +38,13 @@ ValueError.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from .bound import _best_disjoint, moore_hodgson_windows, trace_work
+from .bound import MAX_BATCHES, _best_disjoint, moore_hodgson_windows, trace_work
 from .cost import CostModel
 from .request import Request
 
@@ -52,8 +54,11 @@ logger = logging.getLogger(__name__)
 #: cost with any batching), ``"proportional"`` (``bound.trace_work``: each packed step split
 #: in proportion to its members' batch-1 step times — any batching, tighter) and
 #: ``"standalone"`` (its batch-1 time: the bound then holds for every schedule that runs one
-#: request per step, with exact timings).
-TAIL_WORK_KINDS = ("profile", "flops", "proportional", "standalone")
+#: request per step, with exact timings); ``"co-present"`` / ``"co-present-proportional"``
+#: (``min_misses_tail`` only): the equal / proportional split with a request's packing
+#: credit limited to the partners that can be present beside it (``co_present_works``).
+TAIL_WORK_KINDS = ("profile", "flops", "proportional", "standalone", "co-present",
+                   "co-present-proportional")
 
 
 def _work_of(requests: Sequence[Request], cost: CostModel, work: str) -> Callable[[Request], float]:
@@ -62,6 +67,8 @@ def _work_of(requests: Sequence[Request], cost: CostModel, work: str) -> Callabl
         return cost.standalone_time
     if work not in TAIL_WORK_KINDS:
         raise ValueError(f"work must be one of {TAIL_WORK_KINDS}, got {work!r}")
+    if work in CO_PRESENT_SPLITS:
+        raise ValueError(f"work={work!r} depends on the tail limits: min_misses_tail only")
     return trace_work(requests, cost, work)
 
 
@@ -133,7 +140,9 @@ def min_misses_within(
 
 def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, int]]:
     """For each window [t1, t2] starting at an arrival: the misses the knapsack forces
-    (module docstring), recorded where they rise (jobs by arrival: (A, D, work, latest))."""
+    (module docstring), recorded where they rise (jobs by arrival: (A, D, work, latest), and
+    optionally a fifth field: the work charged when the job must be done by its latest
+    finish — the co-present works' J_M case; default the same work)."""
     order = sorted(range(len(jobs)), key=lambda n: (jobs[n][2], n))
     rank = {n: k for k, n in enumerate(order)}
     works = [jobs[n][2] for n in order]
@@ -143,7 +152,7 @@ def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, in
     )
     times = [e[0] for e in events]
     out: list[tuple[float, float, int]] = []
-    for i, (t1, _, _, _) in enumerate(jobs):
+    for i, (t1, *_) in enumerate(jobs):
         tree = _Fenwick(works)
         due: set[int] = set()
         done: set[int] = set()
@@ -163,13 +172,13 @@ def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, in
                         outside += 1
                 else:
                     done.add(n)
-                    mandatory += jobs[n][2]
+                    mandatory += jobs[n][4] if len(jobs[n]) > 4 else jobs[n][2]
                     if n in due:
                         tree.add(rank[n], -1)
                         outside -= 1
             cap = t2 - t1 - mandatory
             if cap < -1e-9:
-                raise ValueError(
+                raise _Infeasible(
                     f"no schedule keeps every flow within max_flow: {mandatory:.3f} s of work "
                     f"must be done in [{t1:.3f}, {t2:.3f}]"
                 )
@@ -214,8 +223,11 @@ def _exemption_points(budget: int) -> tuple[int, ...]:
 
 def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list:
     """Knapsack windows with exemptions. ``jobs`` by arrival: (A, D, work, A + tail_flow,
-    A + max_flow). For each window [t1, t2] starting at an arrival: K = due by t2 (arrived
-    ≥ t1), J_T = latest-by-tail ≤ t2, J_M = latest-by-max ≤ t2 (J_M ⊆ J_T). With e of
+    A + max_flow, work in J_T, work in J_M) — the three works the same except for the
+    co-present kinds (``co_present_works``: on time, by the tail limit, by the maximum;
+    J_M's members are charged the last, J_T \\ J_M's the middle one). For each window
+    [t1, t2] starting at an arrival: K = due by t2 (arrived ≥ t1), J_T = latest-by-tail
+    ≤ t2, J_M = latest-by-max ≤ t2 (J_M ⊆ J_T). With e of
     J_T \\ J_M exempted (their limit becomes the maximum), the misses among K are at least
     ``|K \\ J_T| − fit(t2 − t1 − work(J_T) + the e largest works of J_T \\ J_M)``
     (derivation in ``min_misses_tail``). Returns (t1, t2, misses at each of ``points``,
@@ -230,7 +242,7 @@ def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list
     times = [e[0] for e in events]
     top = points[-1]
     out: list = []
-    for i, (t1, _, _, _, _) in enumerate(jobs):
+    for i, (t1, *_) in enumerate(jobs):
         tree = _Fenwick(works)
         due: set[int] = set()
         tail_due: set[int] = set()
@@ -252,13 +264,14 @@ def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list
                         outside += 1
                 elif kind == 1:
                     tail_due.add(n)
-                    mandatory += jobs[n][2]
-                    bisect.insort(free, jobs[n][2])
+                    mandatory += jobs[n][5]
+                    bisect.insort(free, jobs[n][5])
                     if n in due:
                         tree.add(rank[n], -1)
                         outside -= 1
                 else:
-                    free.pop(bisect.bisect_left(free, jobs[n][2]))
+                    free.pop(bisect.bisect_left(free, jobs[n][5]))
+                    mandatory += jobs[n][6] - jobs[n][5]
             if not tail_due or outside == 0 and t2 - t1 - mandatory >= -1e-9:
                 continue
             cap = t2 - t1 - mandatory
@@ -270,7 +283,7 @@ def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list
                 room = cap + bonus
                 row.append(INF if room < -1e-9 else float(outside - tree.fit(room)))
             if row[-1] == INF:
-                raise ValueError(
+                raise _Infeasible(
                     f"no schedule keeps every flow within its limits with {top} exemptions: "
                     f"{cap + bonus:.3f} s short in [{t1:.3f}, {t2:.3f}]")
             if any(w > b for w, b in zip(row, best, strict=True)):
@@ -299,20 +312,28 @@ def tail_windows(
     horizon: float | None = None,
     *,
     work: str = "profile",
+    misses: int | None = None,
 ) -> tuple[list, list, tuple[int, ...]]:
     """The windows ``min_misses_tail`` combines for one trace: (plain Moore–Hodgson windows
-    (t1, t2, misses), exemption windows (t1, t2, misses per point), the exemption points)."""
+    (t1, t2, misses), exemption windows (t1, t2, misses per point), the exemption points).
+    ``misses``: the co-present kinds' miss budget (``co_present_works``; None: none)."""
     if not 0 < tail_flow <= max_flow:
         raise ValueError(f"need 0 < tail_flow <= max_flow, got {tail_flow!r}, {max_flow!r}")
     if exempt < 0:
         raise ValueError(f"exempt must be >= 0, got {exempt!r}")
-    cost_of = _work_of(requests, cost, work)
-    jobs = sorted(((r.arrival, r.deadline, cost_of(r), r.arrival + tail_flow,
-                    r.arrival + max_flow) for r in requests), key=lambda j: j[0])
+    if work in CO_PRESENT_SPLITS:
+        uw = co_present_works(requests, cost, work, max_flow, tail_flow, exempt, misses)
+        works = list(zip(uw.on_time, uw.tail, uw.max, strict=True))
+    else:
+        cost_of = _work_of(requests, cost, work)
+        works = [(w, w, w) for w in map(cost_of, requests)]
+    jobs = sorted(((r.arrival, r.deadline, on, r.arrival + tail_flow, r.arrival + max_flow,
+                    tl, mx) for r, (on, tl, mx) in zip(requests, works, strict=True)),
+                  key=lambda j: j[0])
     if horizon is None:
-        horizon = max(16 * max(d - a for a, d, *_ in jobs), 3 * max_flow)
-    plain = moore_hodgson_windows([(a, d, p) for a, d, p, _, _ in jobs], horizon)
-    plain += _knapsack_windows([(a, d, p, m) for a, d, p, _, m in jobs], horizon)
+        horizon = max(16 * max(j[1] - j[0] for j in jobs), 3 * max_flow)
+    plain = moore_hodgson_windows([(a, d, p) for a, d, p, *_ in jobs], horizon)
+    plain += _knapsack_windows([(a, d, p, m, mx) for a, d, p, _, m, _, mx in jobs], horizon)
     points = _exemption_points(exempt)
     return plain, _exempt_windows(jobs, horizon, points), points
 
@@ -335,7 +356,9 @@ def min_misses_tail(
     the P99 alone). Works: ``bound.min_work`` (``work="profile"``/``"flops"``: any
     batching), ``"proportional"`` (any batching, ``bound``'s module docstring), or
     ``"standalone"``: batch-1 times, a bound for the schedules that run one request per
-    step (and for any schedule whose packing gains are nil on the trace).
+    step (and for any schedule whose packing gains are nil on the trace), or the co-present
+    kinds (any batching, a request's partners limited to those that can be present beside
+    it; ``co_present_works``: the least miss count consistent with its own miss budget).
 
     **Derivation.** Fix a schedule and its exempt set E (the requests with flow above
     ``tail_flow``, |E| ≤ ``exempt``). Take a window [t1, t2] starting at an arrival and, among
@@ -359,8 +382,28 @@ def min_misses_tail(
     """
     if exempt < 0:
         raise ValueError(f"exempt must be >= 0, got {exempt!r}")
-    per_trace = [tail_windows(t, cost, max_flow, tail_flow, exempt, horizon, work=work)
-                 for t in traces if t]
+    found = _tail_misses(traces, cost, max_flow, tail_flow, exempt, horizon, work, lambdas)
+    if work not in CO_PRESENT_SPLITS:
+        return found
+    total = sum(len(t) for t in traces)
+    for budget in range(found, total):
+        try:
+            got = _tail_misses(traces, cost, max_flow, tail_flow, exempt, horizon, work,
+                               lambdas, budget)
+        except _Infeasible:
+            continue  # no covered schedule with at most ``budget`` misses
+        logger.debug("min_misses_tail: budget %d gives %d", budget, got)
+        if got <= budget:
+            return budget
+    return total
+
+
+def _tail_misses(traces, cost, max_flow, tail_flow, exempt, horizon, work, lambdas,
+                 misses: int | None = None) -> int:
+    """``min_misses_tail``'s Lagrangian bound for one set of works (``misses``: the
+    co-present miss budget)."""
+    per_trace = [tail_windows(t, cost, max_flow, tail_flow, exempt, horizon, work=work,
+                              misses=misses) for t in traces if t]
     if not per_trace:
         return 0
     top = max([w[2] for pl, _, _ in per_trace for w in pl]
@@ -384,3 +427,174 @@ def min_misses_tail(
 def _best_disjoint_weighted(windows: list) -> float:
     """``bound._best_disjoint`` for real weights (non-positive ones never help)."""
     return _best_disjoint([w for w in windows if w[2] > 0])
+
+
+# ---- co-present packing credit (``work="co-present"``, ``"co-present-proportional"``) -------
+
+#: the co-present kinds (``TAIL_WORK_KINDS``) and the split each uses
+CO_PRESENT_SPLITS = {"co-present": "equal", "co-present-proportional": "proportional"}
+
+
+class _Infeasible(ValueError):
+    """No schedule keeps the limits (with the works used: see the miss budget)."""
+
+
+@dataclass(slots=True)
+class UseWorks:
+    """Per-request works (device s, in ``requests``' order) for the three cases in which the
+    window arguments charge a request (``co_present_works``)."""
+
+    on_time: list[float]
+    tail: list[float]
+    max: list[float]
+
+
+def co_present_works(
+    requests: Sequence[Request],
+    cost: CostModel,
+    work: str,
+    max_flow: float,
+    tail_flow: float,
+    exempt: int,
+    misses: int | None = None,
+) -> UseWorks:
+    """The co-present works of ``requests`` (one trace; device s per request, for the three
+    cases in which the window arguments charge one): ``max_flow`` M (s, may be
+    ``math.inf``), ``tail_flow`` T ≤ M (s), ``exempt`` e ≥ 0 flows allowed above T,
+    ``misses`` m: the miss budget (None: none); ``work`` picks the split
+    (``CO_PRESENT_SPLITS``).
+
+    **Why.** ``"profile"`` and ``"proportional"`` charge every request as if each of its steps
+    ran in the best full batch the trace's shapes allow, even when no partner is ever present
+    beside it. Here a request is charged for the best step it can be in *with the requests that
+    can be present at the same time*.
+
+    **The rule.** A packed step holding requests i and j runs while both are in the system:
+    inside [A_i, C_i] ∩ [A_j, C_j] (a request runs no step before it arrives or after it
+    finishes). Let the schedules covered be those the tail bound speaks of — every flow
+    ≤ M (``max_flow``), at most e (``exempt``, pooled over traces: at most e in each) flows
+    > T (``tail_flow``), and, where a miss budget m is given, at most m deadline misses.
+    In each of them, for every request j: C_j ≤ A_j + M ("loose end"), and C_j ≤ τ_j (the
+    "tight end": A_j + T, or min(D_j, A_j + T) with the budget m) for all but at most
+    x = e (+ m) requests — the exempt ones (flow above T) and the late ones. The window
+    arguments charge request i's work in three cases only, each with its own work:
+
+    * on time (a member of K counted as on time; Moore–Hodgson): C_i ≤ min(D_i, A_i + M);
+    * i ∈ J_T \\ E (must be done by its tail limit): C_i ≤ A_i + T;
+    * i ∈ J_M (must be done by its maximum): C_i ≤ A_i + M.
+
+    In each case all of i's steps run inside I = [A_i, L] with L the case's end, so every
+    partner j of every step of i is a same-model request whose [A_j, C_j] meets I: A_j ≤ L
+    and C_j ≥ A_i. Hence j's loose interval [A_j, A_j + M] meets I, and unless j is one of
+    the ≤ x requests beyond their tight ends, so does its tight interval [A_j, τ_j]. Per
+    token count s, with t_s (l_s) the requests j ≠ i of that size whose tight (loose) interval
+    meets I, a step of i holds at most t_s + min(x, l_s − t_s) partners of size s, at most
+    x of them beyond the t_s (summed over sizes), and at most ``max_batch`` − 1 in all. Any
+    step of i is one of those batches, so i's charge per step under a split is at least the
+    least charge over them (enumerated exactly: ``bound.MAX_BATCHES`` at most), and at least
+    the trace-wide bound of the same split (``bound.min_work``'s profile share for the equal
+    split, ``bound.packed_step_ratio`` over the trace's sizes for the proportional one): the
+    larger of two lower bounds on the same charge is one. Both splits charge each step's time
+    exactly once over its members (``bound``'s module docstring), so the window arguments hold
+    with these works — one split for the whole trace (mixing the two per request would not:
+    the charges of a step could then add up to more than its time). Encode and decode are
+    charged in full, as in ``bound.min_work``.
+
+    **The miss budget.** The works with the budget m hold for every covered schedule with
+    ≤ m misses, so such a schedule misses at least LB(m), the bound computed with them. A
+    covered schedule with k misses therefore has k ≥ LB(k), and k ≥ LB(∞) (no budget: the
+    tight end A_j + T, x = e). ``min_misses_tail`` returns the least m ≥ LB(∞) with
+    LB(m) ≤ m (each m tried in turn: no monotonicity is assumed), every smaller count being
+    impossible; a budget under which even the exemptions cannot keep the limits counts as
+    impossible too (``_Infeasible``). With the same split, each work is never below its
+    ``"profile"`` (``"proportional"``) counterpart.
+    """
+    if work not in CO_PRESENT_SPLITS:
+        raise ValueError(f"work must be one of {tuple(CO_PRESENT_SPLITS)}, got {work!r}")
+    if not 0 < tail_flow <= max_flow:
+        raise ValueError(f"need 0 < tail_flow <= max_flow, got {tail_flow!r}, {max_flow!r}")
+    if exempt < 0 or misses is not None and misses < 0:
+        raise ValueError(f"exempt and misses must be >= 0, got {exempt!r}, {misses!r}")
+    split = CO_PRESENT_SPLITS[work]
+    base = trace_work(requests, cost, "profile" if split == "equal" else "proportional")
+    extra = exempt + (misses or 0)
+    groups: dict[tuple[str, int], list[Request]] = {}
+    for r in requests:
+        groups.setdefault((r.model, cost.tokens(r)), []).append(r)
+
+    def tight_end(r: Request) -> float:
+        end = r.arrival + tail_flow
+        return end if misses is None else min(end, r.deadline)
+
+    # per (model, size): sorted arrivals, tight ends and loose ends
+    index = {key: (sorted(r.arrival for r in rs), sorted(tight_end(r) for r in rs),
+                   sorted(r.arrival + max_flow for r in rs)) for key, rs in groups.items()}
+    sizes_of: dict[str, list[int]] = {}
+    for model, n in index:
+        sizes_of.setdefault(model, []).append(n)
+    memo: dict[tuple, float] = {}
+
+    def charge(r: Request, end: float) -> float:
+        """Least per-step charge of ``r`` (split's units: s for equal, a ratio for
+        proportional) over the steps it can be in while its steps run in [A, end]."""
+        n, mb = cost.tokens(r), cost.max_batch(r.model)
+        caps = []
+        for s in sorted(sizes_of[r.model]):
+            arr, tight, loose = index[r.model, s]
+            before = bisect.bisect_right(arr, end + 1e-9)
+            t = before - bisect.bisect_left(tight, r.arrival - 1e-9)
+            lo = before - bisect.bisect_left(loose, r.arrival - 1e-9)
+            if s == n:  # r itself is in both counts
+                t, lo = t - 1, lo - 1
+            if lo > 0:
+                caps.append((s, min(t, mb - 1), min(lo, mb - 1)))
+        key = (r.model, n, tuple(caps), min(extra, mb - 1))
+        if key not in memo:
+            memo[key] = _least_charge(cost, r.model, n, caps, min(extra, mb - 1), split)
+        return memo[key]
+
+    def work_of(r: Request, end: float) -> float:
+        n = cost.tokens(r)
+        if split == "equal":
+            share = charge(r, end)
+        else:
+            share = cost.step_time(r.model, [n]) * charge(r, end)
+        own = cost.encode_time(r) + r.steps * share + cost.decode_time(r)
+        return max(own, base(r))
+
+    return UseWorks(
+        on_time=[work_of(r, min(r.deadline, r.arrival + max_flow)) for r in requests],
+        tail=[work_of(r, r.arrival + tail_flow) for r in requests],
+        max=[work_of(r, r.arrival + max_flow) for r in requests],
+    )
+
+
+def _least_charge(cost: CostModel, model: str, tokens: int, caps: list, extra: int,
+                  split: str) -> float:
+    """min over the batches holding one member of ``tokens`` and partners within ``caps``
+    ((size, tight count, loose count), each ≤ ``max_batch`` − 1) — per size at most
+    t + min(extra, l − t), at most ``extra`` beyond the t's in all, at most ``max_batch`` − 1
+    partners — of its charge: T(C) / |C| (``split="equal"``) or T(C) / Σ T({c})
+    (``"proportional"``); alone counts (T({n}), resp. 1)."""
+    alone = cost.step_time(model, [tokens])
+    best = alone if split == "equal" else 1.0
+    most = {s: t + min(extra, lo - t) for s, t, lo in caps}
+    tight = {s: t for s, t, _ in caps}
+    sizes = sorted(most)
+    room = min(cost.max_batch(model) - 1, sum(most.values()))
+    count = math.comb(len(sizes) + room, room)
+    if count > MAX_BATCHES:
+        raise ValueError(f"co_present_works: {count} batches of up to {room + 1} members over "
+                         f"{len(sizes)} token counts (most {MAX_BATCHES})")
+    solo = {s: cost.step_time(model, [s]) for s in sizes}
+    for b in range(1, room + 1):
+        for group in itertools.combinations_with_replacement(sizes, b):
+            mult = {s: group.count(s) for s in set(group)}
+            if any(k > most[s] for s, k in mult.items()):
+                continue
+            if sum(max(0, k - tight[s]) for s, k in mult.items()) > extra:
+                continue
+            t = cost.step_time(model, [tokens, *group])
+            best = min(best, t / (b + 1) if split == "equal"
+                       else t / (alone + sum(solo[s] for s in group)))
+    return best
