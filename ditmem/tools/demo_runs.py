@@ -81,7 +81,7 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
         bar = tqdm(total=len(trace), desc=f"{name:>5}", unit="req", position=line)
     if barrier is not None:
         barrier.wait()
-    t0 = time.perf_counter()
+    t0, origin = time.perf_counter(), engine.clock()  # replay's clock starts at ``origin``
     timings: list = []
     records, services = replay(engine, trace, progress=bar, timings=timings)
     wall = time.perf_counter() - t0
@@ -94,7 +94,8 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
             "vs_profile": check.summary(),
             "leaked": pool.num_used_pages + host.num_used_pages,
             "page_bytes": pool.page_bytes, "num_pages": pool.num_pages,
-            "decisions": [d.as_row() for d in decisions.log] if decisions is not None else None}
+            "decisions": None if decisions is None else
+            [dict(d.as_row(), now=d.now - origin) for d in decisions.log]}
 
 
 def _child(args, name, barrier, out_queue, in_queue, core, line) -> None:

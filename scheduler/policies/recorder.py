@@ -3,10 +3,13 @@
 ``DecisionLog(policy)`` decides exactly as ``policy`` (every other attribute and call, the
 loop's reports included, is the wrapped policy's) and keeps, per decision, the plan's
 batch, admits, offloads and restores, the ids the policy holds as late (its tail lane, when
-it has one) and how many requests were started and waiting. :func:`timeline` then says what
-one request was doing from decision to decision — running, waiting, or waiting as late —
-and what ran while it waited, the same way for the engine's log and the simulator's, so
-the first place they part is readable (``benchmarks/scheduler/demo_misses.py``).
+it has one), how many requests were started and waiting, and — from the loop's report on
+that plan — the ids that did step and the step's seconds (``ran`` None: no report came,
+e.g. a decode tile ran instead of the plan). :func:`timeline` then says what one request
+was doing from decision to decision — running, planned but not run, waiting, or waiting as
+late — and what ran while it waited, the same way for the engine's log and the
+simulator's, so the first place they part is readable
+(``benchmarks/scheduler/demo_misses.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class Decision:
-    """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, and the
-    numbers of started (``active``) and ``waiting`` requests it saw."""
+    """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, the
+    numbers of started (``active``) and ``waiting`` requests it saw, and what the loop
+    reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s``."""
 
     now: float
     batch: tuple[str, ...]
@@ -28,15 +32,19 @@ class Decision:
     late: tuple[str, ...]
     active: int
     waiting: int
+    ran: tuple[str, ...] | None = None
+    step_s: float | None = None
 
     def as_row(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_row(cls, row: dict) -> Decision:
+        ran = row.get("ran")
         return cls(row["now"], *(tuple(row[k]) for k in ("batch", "admit", "offload",
                                                          "restore", "late")),
-                   row["active"], row["waiting"])
+                   row["active"], row["waiting"], None if ran is None else tuple(ran),
+                   row.get("step_s"))
 
 
 class DecisionLog:
@@ -55,6 +63,13 @@ class DecisionLog:
                                  len(view.active), len(view.waiting)))
         return plan
 
+    def observe(self, report) -> None:
+        if self.log:
+            self.log[-1].ran, self.log[-1].step_s = tuple(report.batch), report.step_s
+        inner = getattr(self.policy, "observe", None)
+        if inner is not None:
+            inner(report)
+
     def __getattr__(self, name):
         return getattr(self.policy, name)
 
@@ -62,7 +77,8 @@ class DecisionLog:
 @dataclass(slots=True)
 class Segment:
     """Consecutive decisions in which a request was in one ``state`` (``"runs"``,
-    ``"waits"`` or ``"waits late"``): from ``start`` to ``end`` (s, the first decision of
+    ``"planned"`` — in the plan's batch, but the plan did not run or the request did not
+    step —, ``"waits"`` or ``"waits late"``): from ``start`` to ``end`` (s, the first decision of
     the next segment, or the last decision seen), over ``decisions`` decisions; ``others``
     counts the ids that ran in them (by id), ``offloaded`` whether it was offloaded then."""
 
@@ -75,12 +91,16 @@ class Segment:
 
 
 def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> list[Segment]:
-    """What ``rid`` did between ``arrival`` and ``finished`` (s), segment by segment."""
+    """What ``rid`` did between ``arrival`` and ``finished`` (s), segment by segment
+    (``others``: the ids that did step meanwhile)."""
     segments: list[Segment] = []
     for d in log:
         if d.now < arrival or d.now > finished:
             continue
-        state = "runs" if rid in d.batch else ("waits late" if rid in d.late else "waits")
+        if rid in d.batch:
+            state = "runs" if d.ran is not None and rid in d.ran else "planned"
+        else:
+            state = "waits late" if rid in d.late else "waits"
         if segments and segments[-1].state == state:
             seg = segments[-1]
         else:
@@ -90,7 +110,7 @@ def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> 
             segments.append(seg)
         seg.decisions += 1
         seg.end = d.now
-        seg.others.update(i for i in d.batch if i != rid)
+        seg.others.update(i for i in (d.ran or ()) if i != rid)
         seg.offloaded |= rid in d.offload
     return segments
 

@@ -20,6 +20,7 @@ def test_the_logged_policy_decides_as_the_policy(policy):
     res = simulate([dataclasses.replace(r) for r in reqs], logged)
     assert [(r.request.id, r.finished) for r in res.records] == \
         [(r.request.id, r.finished) for r in plain.records]
+    assert all(d.ran == d.batch for d in logged.log if d.batch)  # inline decodes: plans run
     steps = sum(len(d.batch) for d in logged.log)
     assert steps == sum(r.steps for r in reqs)  # one packed step per decision with a batch
     rows = [d.as_row() for d in logged.log]
