@@ -163,19 +163,25 @@ def decode_ends(group: Group, parts: list[tuple[list[float], float]], split: boo
                 ) -> tuple[list[float], dict[int, float]]:
     """(each decode's end, each device's end) after a job's last step, in seconds from it.
     ``parts[i]``: decode i's (seconds of each of its devices' tiles, blend seconds), as
-    ``NodeCost.decode_parts`` prices it over its :func:`decode_devices`. A decode on one
-    device runs its whole (``sum`` + blend) in lane order (:func:`lane_ends`); a split one
-    ends when its slowest device's tiles and then the lane's blend do, each of its other
-    devices when its own tiles end (a device with no work: 0)."""
+    ``NodeCost.decode_parts`` prices it over its :func:`decode_devices` (k = min(devices,
+    tiles) entries: fewer than its devices when it has fewer tiles; the devices past k get
+    no work, 0). A decode on one device runs its whole (``sum`` + blend) in lane order
+    (:func:`lane_ends`). With ``split``, a decode of one entry is whole on its lane (one
+    device, or one tile: ``([whole], 0.0)``); one of several is a split decode, its ends
+    :func:`split_ends`' (each device's tiles as one, nothing taken back)."""
     sets = decode_devices(group, len(parts), split)
     if all(len(ds) == 1 for ds in sets):
         return lane_ends(group, [sum(p) + b for p, b in parts])
-    clock = dict.fromkeys(group.devices, 0.0)
+    clock = dict.fromkeys(group.devices, 0.0)  # split: each device in one decode's set
     ends = []
     for ds, (secs, blend) in zip(sets, parts, strict=True):
-        for d, s in zip(ds, secs, strict=False):
-            clock[d] = s
-        clock[ds[0]] = max(secs) + blend
+        if not 0 < len(secs) <= len(ds):
+            raise ValueError(f"parts: {len(secs)} device parts for a decode on {ds}")
+        if len(secs) == 1:  # whole, on its lane: not a split (split_ends needs a spare)
+            clock[ds[0]] = secs[0] + blend
+        else:
+            _, per = split_ends([[s] for s in secs], blend)
+            clock.update(zip(ds, per, strict=False))
         ends.append(clock[ds[0]])
     return ends, clock
 
@@ -185,12 +191,15 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
     """(the decode's end, each of its devices' ends), in seconds from the job's last step,
     of one split decode: ``tiles[i]`` the seconds of each tile device i of its
     :func:`decode_devices` runs, in order (device 0, the lane, blends after every tile is
-    done, ``blend`` s). ``taken``: spare i (≥ 1) → when (s from the last step) the loop
-    took it back (``NodeDevices.reclaim``): it ends the tile it is in then and stops; its
-    later tiles run on the lane, after the lane's own and not before that tile's end (when
-    the node engine's spare, asked before each tile, hands them over; several spares'
-    in the order they are handed over).
-    Without ``taken``: each device ends with its own tiles (:func:`decode_ends`)."""
+    done, ``blend`` s; at least two devices: a decode on one is whole, :func:`decode_ends`).
+    Without ``taken``: each spare ends with its own tiles, the lane (and the decode) with
+    the slowest device's and then the blend. ``taken``: spare i (≥ 1) → when (s from the
+    last step) the loop took it back (``NodeDevices.reclaim``): it ends the tile it is in
+    then and stops; its later tiles run on the lane, after the lane's own and not before
+    that tile's end (when the node engine's spare, asked before each tile, hands them over;
+    several spares' in the order they are handed over)."""
+    if len(tiles) < 2:
+        raise ValueError(f"tiles: a split decode on {len(tiles)} device(s); needs 2 or more")
     ends = [sum(ts) for ts in tiles]
     handed: list[tuple[float, float]] = []  # (when a taken spare's tiles reach the lane, s)
     for i, at in (taken or {}).items():
@@ -339,7 +348,7 @@ class _VirtualJob(JobStages):
             blend = factor * jitter(blend) if blend else 0.0
             self.split_tiles.append(_SplitTiles(r, ds, tiles, blend))
             parts.append(([sum(ts) for ts in tiles], blend))
-            self.timings.decodes.append((r.id, len(tiles), max(parts[-1][0]) + blend))
+            self.timings.decodes.append((r.id, len(tiles), split_ends(tiles, blend)[0]))
         self.decode_ends, self.device_ends = decode_ends(job.group, parts, job.split_decodes)
         self.timings.decode_s = max(self.device_ends.values(), default=0.0)
 

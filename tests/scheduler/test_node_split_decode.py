@@ -65,6 +65,22 @@ def test_decode_parts_and_ends_by_hand():
     assert ends == [4.0] and devices == {0: 4.0, 1: 0.0}
 
 
+def test_split_decode_ends_of_whole_and_short_parts_by_hand():
+    """``decode_ends`` with ``split`` on the parts ``decode_parts`` gives besides a full
+    split: a one-tile decode on a pair (``([whole], 0.0)``: not one entry per device) runs
+    whole on its lane, its spare idle; 3 tiles on 4 devices leave the fourth idle; three
+    decodes on four devices: a pair, then two lanes alone."""
+    ends, devices = decode_ends(Group(2, 0), [([0.75], 0.0)], split=True)
+    assert ends == [0.75] and devices == {0: 0.75, 1: 0.0}
+    ends, devices = decode_ends(Group(4, 0), [([1.0, 2.0, 0.5], 0.25)], split=True)
+    assert ends == [2.25] and devices == {0: 2.25, 1: 2.0, 2: 0.5, 3: 0.0}
+    ends, devices = decode_ends(Group(4, 0), [([1.0, 1.5], 0.25), ([2.0], 0.0),
+                                              ([0.5], 0.0)], split=True)
+    assert ends == [1.75, 2.0, 0.5] and devices == {0: 1.75, 1: 2.0, 2: 0.5, 3: 1.5}
+    with pytest.raises(ValueError, match="parts"):  # more parts than the decode's devices
+        decode_ends(Group(2, 0), [([1.0, 1.0, 1.0], 0.0)], split=True)
+
+
 def _split_and_whole(small_at: float):
     """A lone 1024² (4 steps) and a 512² (1 step) arriving at ``small_at``, run by slo on 2
     devices with split decodes (no yield) and without: their records by id, each run."""
@@ -143,6 +159,8 @@ def test_split_ends_by_hand():
         pytest.approx(2.8), [pytest.approx(2.8), 1.5, 0.8])
     with pytest.raises(ValueError, match="taken"):
         split_ends([[1.0], [1.0]], 0.0, {0: 0.5})
+    with pytest.raises(ValueError, match="tiles"):  # one device: a whole decode
+        split_ends([[1.0, 1.0]], 0.0)
 
 
 def test_a_small_request_takes_the_spare_device_back_between_tiles():
