@@ -10,7 +10,10 @@ pushes each request at its arrival time): every step runs on the workers. Beside
 measured numbers: what the node simulator predicts for the same trace (timing noise on),
 the trace's offline attainment bound, and a P95 floor (95th percentile of each
 request's time alone at the highest degree). The targets of the two-device main job are
-checked and printed.
+checked and printed. The JSON keeps, per run and for its prediction, one row per request
+(``per_request`` / ``sim_per_request``) and the decisions counted as the loop made them
+(``decisions`` / ``sim_decisions``: take-backs, split decodes, migrations), so that a gap
+between a run and its prediction can be traced to requests (``missed_apart``).
 """
 
 from __future__ import annotations
@@ -180,6 +183,65 @@ class TrackedDevices:
         return self.check.summary()
 
 
+class CountingDevices:
+    """``NodeDevices`` that pass through to ``devices`` (real or virtual) and count the
+    loop's decisions as they reach them, where the loop makes them (nothing added to a
+    device's work): ``take_backs``, spares of split decodes the policy took back
+    (``NodePolicy.take_back`` granted: one ``reclaim`` each, whether or not the spare had
+    tiles left to hand over) and ``split_decodes``, decodes launched over two or more
+    devices with two or more tiles as ``truth`` (a ``NodeCost``: the profile) cuts them
+    (one tile runs whole on its lane: not counted)."""
+
+    def __init__(self, devices, truth) -> None:
+        self.devices = devices
+        self.truth = truth
+        self.take_backs = 0
+        self.split_decodes = 0
+
+    def launch(self, job, now: float) -> None:
+        from ditmem.scheduler.node.device import decode_devices
+
+        if job.split_decodes and 0 < len(job.decodes) < job.group.degree:
+            sets = decode_devices(job.group, len(job.decodes), True)
+            self.split_decodes += sum(
+                len(ds) > 1 and len(self.truth.decode_tile_parts(r, len(ds))[0]) > 1
+                for r, ds in zip(job.decodes, sets, strict=True))
+        self.devices.launch(job, now)
+
+    def reclaim(self, job, device: int, now: float) -> None:
+        self.take_backs += 1
+        self.devices.reclaim(job, device, now)
+
+    def wait(self, until):
+        return self.devices.wait(until)
+
+    @property
+    def link_busy_s(self) -> float:
+        return getattr(self.devices, "link_busy_s", 0.0)
+
+
+def run_rows(records, counting: CountingDevices) -> dict:
+    """What a run (real or simulated) adds to its summary to be diagnosed after the fact:
+    ``per_request`` rows (``ditmem.tools.report.request_rows``, arrival order) and
+    ``decisions``: ``take_backs``, ``split_decodes`` (``counting``'s) and ``migrations``
+    (moves of a paused request to another group, summed over ``records``)."""
+    from ditmem.tools.report import request_rows
+
+    return {"per_request": request_rows(records),
+            "decisions": {"take_backs": counting.take_backs,
+                          "split_decodes": counting.split_decodes,
+                          "migrations": sum(r.migrations for r in records)}}
+
+
+def missed_apart(real: list[dict], sim: list[dict]) -> dict[str, list[str]]:
+    """Request ids (arrival order) the run missed that the simulator's prediction met
+    (``"run_only"``), and the other way round (``"sim_only"``), from two ``per_request``
+    row lists of the same trace."""
+    met = {q["id"]: q["met"] for q in sim}
+    return {"run_only": [q["id"] for q in real if not q["met"] and met.get(q["id"])],
+            "sim_only": [q["id"] for q in real if q["met"] and met.get(q["id"]) is False]}
+
+
 def build_trace(args, cost, devices: int):
     """The requests: the workload at ρ × D, shapes divided by ``--divisor``."""
     from ditmem.scheduler.workloads import with_load, workload
@@ -227,7 +289,8 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     topo = Node(topo_devices, truth.links)
     policy = make_node_policy(name, NodeCost(cost), topo)
     devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
-    tracked = TrackedDevices(devices, truth)
+    counting = CountingDevices(devices, truth)
+    tracked = TrackedDevices(counting, truth)
     progress.label, progress.total = name, len(trace)
     requests = [dataclasses.replace(r) for r in trace]
     for r in requests:  # as a server does at submission
@@ -255,24 +318,29 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
                migrations=sum(r.migrations for r in result.records),
                parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary(),
-               moves_breakdown=breakdown(devices.moves))
+               moves_breakdown=breakdown(devices.moves), **run_rows(result.records, counting))
     return out
 
 
 def predict(name: str, trace, cost, devices: int, seed: int) -> dict:
-    """The node simulator on the same trace, timing noise on (3 %, seeded)."""
+    """The node simulator on the same trace, timing noise on (3 %, seeded):
+    ``summarize`` of its records and :func:`run_rows` (``per_request``, ``decisions``).
+    ``simulate_node``'s run, its devices counted (:class:`CountingDevices`)."""
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.device import VirtualDevices
     from ditmem.scheduler.node.policies import make_node_policy
-    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.simulator import run_node
     from ditmem.scheduler.node.topology import Node
     from ditmem.scheduler.noise import TimingNoise
 
     topo = Node(devices, NodeCost(cost).links)
     policy = make_node_policy(name, NodeCost(cost), topo)
-    result = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
-                           noise=TimingNoise(0.03, 0.0, seed))
-    return summarize(result.records)
+    truth = NodeCost(policy.ncost.cost, policy.ncost.parallel)  # as simulate_node's
+    counting = CountingDevices(VirtualDevices(truth, TimingNoise(0.03, 0.0, seed), devices),
+                               truth)
+    result = run_node([dataclasses.replace(r) for r in trace], policy, counting, topo, truth)
+    return {**summarize(result.records), **run_rows(result.records, counting)}
 
 
 def limits(trace, cost, devices: int) -> dict:
@@ -377,7 +445,10 @@ def main(args) -> int:
                                     args.decode_tile)
             sim = predict(name, trace, cost, args.devices, args.seed)
             rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
-                              sim_p99_s=sim["p99_s"])
+                              sim_p99_s=sim["p99_s"], sim_per_request=sim["per_request"],
+                              sim_decisions=sim["decisions"],
+                              missed_apart=missed_apart(rows[name]["per_request"],
+                                                        sim["per_request"]))
             load_avg[f"after {name}"] = os.getloadavg()[0]
     for name, r in rows.items():
         r["work_load"] = args.load * work_ratio(r["vs_profile"])
@@ -393,6 +464,16 @@ def main(args) -> int:
               f"{r['p99_s']:7.2f} {100 * r['sim_slo_attainment']:9.1f} {r['sim_p95_s']:8.2f} "
               f"{steps.get('1', 0):>5}/{steps.get('2', 0):<5} {r['migrations']:6d} "
               f"{r['wall_s']:7.0f}")
+    print("decisions, run (simulator's prediction): take-backs, split decodes, migrations; "
+          "requests the run missed that the simulator met (and the other way round):")
+    for name, r in rows.items():
+        d, sd, apart = r["decisions"], r["sim_decisions"], r["missed_apart"]
+        print(f"  {name:<6} take-backs {d['take_backs']} ({sd['take_backs']}), split decodes "
+              f"{d['split_decodes']} ({sd['split_decodes']}), migrations {d['migrations']} "
+              f"({sd['migrations']}); missed in the run only: "
+              f"{' '.join([str(len(apart['run_only'])), *apart['run_only'][:8]])}"
+              f"{' ...' if len(apart['run_only']) > 8 else ''}; in the simulator only: "
+              f"{len(apart['sim_only'])}")
     print("the run vs its start-up profile (in-run seconds / the profile's, summed per kind; "
           "the load the run's work implies beside the requested one; the simulator's columns "
           "and the limits below assume x1.00):")

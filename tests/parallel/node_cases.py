@@ -1,7 +1,7 @@
 """Shared pieces of the node engine tests: a 2-device tiny-qwen ``NodeEngine`` (each test
 module starts its own, module-scoped), its page counts, and a simulated run in which the
 loop takes a split decode's spare back (to check that wrappers of the devices pass the
-take-back through)."""
+take-back through, and what they count)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,16 @@ def demo_truth():
 
 
 def take_back_run(wrap: Callable, split_yield: bool) -> dict[str, float]:
-    """Request id → finish (s) of node ``slo`` (split decodes, noise-free virtual devices
-    wrapped by ``wrap``) on a lone 1024² whose decode splits over both devices once its 4
-    steps end, and a 256² arriving two of the spare's tiles later with a deadline 2.5 ×
-    its time alone: it misses waiting for the spare's tiles to end and meets it on the
-    spare taken back after the tile in progress."""
+    """Request id → finish (s) of :func:`take_back_records`' run."""
+    return {r.request.id: r.finished for r in take_back_records(wrap, split_yield)}
+
+
+def take_back_records(wrap: Callable, split_yield: bool) -> list:
+    """The records of node ``slo`` (split decodes, noise-free virtual devices wrapped by
+    ``wrap``) on a lone 1024² whose decode splits over both devices once its 4 steps end,
+    and a 256² arriving two of the spare's tiles later with a deadline 2.5 × its time
+    alone: it misses waiting for the spare's tiles to end and meets it on the spare taken
+    back after the tile in progress."""
     from ditmem.scheduler import Request
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.device import VirtualDevices
@@ -65,5 +70,4 @@ def take_back_run(wrap: Callable, split_yield: bool) -> dict[str, float]:
     pol = make_node_policy("slo", NodeCost(truth.cost), topo, forecast=False,
                            split_decodes=True, split_yield=split_yield)
     devices = VirtualDevices(NodeCost(truth.cost), TimingNoise(0.0), 2)
-    res = run_node([big, small], pol, wrap(devices), topo, truth)
-    return {r.request.id: r.finished for r in res.records}
+    return run_node([big, small], pol, wrap(devices), topo, truth).records

@@ -162,25 +162,14 @@ def test_node_loop_with_split_decodes_on_real_devices(node):
             assert np.abs(image.astype(int) - outputs[other][rid].astype(int)).max() <= 1
 
 
-def test_node_loop_takes_spares_back_on_real_devices(node, monkeypatch):
-    """run_node on the workers, ``fifo`` on one degree-2 replica (every decode on the pair,
-    split) with a profile that tiles as the engine does (64/48), 128² and 64² requests
-    arriving while others run, and a take-back rule that takes every spare it is offered:
-    the loop offers the spare of a split decode with requests waiting and the engine takes
-    it back (``EngineDevices.reclaim``): a spare stops with tiles left, which run on the
-    lane (its ``taken`` answers True); every image equals the unsplit run's, bit for bit;
-    no page left."""
+def _tiled_cost():
+    """The cpu-tiny profile with a node's sections (speed-up 1.8 at degree 2 for 4,096
+    tokens) and a tile geometry as the engine cuts it (``TILE``: 64/48 px, 10 ms a tile)."""
     import json
     from pathlib import Path
 
     import ditmem.scheduler as sched
-    from ditmem.parallel.devices import EngineDevices
-    from ditmem.scheduler import CostModel, Request
-    from ditmem.scheduler.node.cost import NodeCost
-    from ditmem.scheduler.node.policies import make_node_policy
-    from ditmem.scheduler.node.simulator import run_node
-    from ditmem.scheduler.node.topology import Node
-    from ditmem.tools.replay import to_generation
+    from ditmem.scheduler import CostModel
 
     data = json.loads((Path(sched.__file__).parent / "profiles" / "cpu-tiny.json").read_text())
     data["parallel"] = {"qwen-image": {"tokens": [16, 4096], "source": "test",
@@ -189,7 +178,26 @@ def test_node_loop_takes_spares_back_on_real_devices(node, monkeypatch):
     data["models"]["qwen-image"].update(
         {k: {"value": v, "source": "test"} for k, v in
          (("decode_tile_px", 64), ("decode_stride_px", 48), ("decode_tile_s", 0.01))})
-    cost = CostModel.from_dict(data)
+    return CostModel.from_dict(data)
+
+
+def test_node_loop_takes_spares_back_on_real_devices(node, monkeypatch):
+    """run_node on the workers, ``fifo`` on one degree-2 replica (every decode on the pair,
+    split) with a profile that tiles as the engine does (64/48), 128² and 64² requests
+    arriving while others run, and a take-back rule that takes every spare it is offered:
+    the loop offers the spare of a split decode with requests waiting and the engine takes
+    it back (``EngineDevices.reclaim``): a spare stops with tiles left, which run on the
+    lane (its ``taken`` answers True); every image equals the unsplit run's, bit for bit;
+    no page left."""
+    from ditmem.parallel.devices import EngineDevices
+    from ditmem.scheduler import Request
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import run_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.replay import to_generation
+
+    cost = _tiled_cost()
     shapes = [(128, 128), (64, 64)] * 4
     outputs, offered, stopped = {}, [], []
     split_decode = node.decode_split
@@ -227,3 +235,36 @@ def test_node_loop_takes_spares_back_on_real_devices(node, monkeypatch):
     assert stopped and all(d == 1 for _, d in stopped)
     for rid, image in outputs[False].items():
         assert np.array_equal(image, outputs[True][rid])
+
+
+def test_the_node_demo_rows_agree_with_a_real_run_and_its_prediction(node):
+    """``node_demo.run_policy`` (slo: split decodes that yield) on the workers and
+    ``predict`` on the same three requests: one ``per_request`` row a request in arrival
+    order, their met share equal to the run's attainment, the decisions counted (a split
+    decode is one of two tiled requests' decodes at most, a take-back one per split at
+    most); no page left."""
+    import dataclasses
+
+    from ditmem.scheduler import Request
+    from ditmem.tools.node_demo import _Progress, predict, run_policy
+
+    cost = _tiled_cost()
+    shapes = [(128, 128), (64, 64), (128, 128)]
+    trace = [Request(f"q{i}", arrival=0.05 * i, width=w, height=h, steps=3, seed=i)
+             for i, (w, h) in enumerate(shapes)]
+    for r in trace:
+        cost.assign_deadline(r, 3.0)
+    row = run_policy(node, "slo", [dataclasses.replace(r) for r in trace], cost, 2,
+                     _Progress(False), TILE)
+    sim = predict("slo", trace, cost, 2, seed=0)
+    assert not row["errors"], row["errors"]
+    assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+    for out in (row, sim):
+        per = out["per_request"]
+        assert [q["id"] for q in per] == ["q0", "q1", "q2"]
+        assert sum(q["met"] for q in per) / 3 == pytest.approx(out["slo_attainment"])
+        assert all(q["arrival_s"] <= q["started_s"] <= q["finished_s"] for q in per)
+        d = out["decisions"]
+        assert set(d) == {"take_backs", "split_decodes", "migrations"}
+        assert 0 <= d["take_backs"] <= d["split_decodes"] <= 2  # q1 (64²) is one tile
+    assert row["decisions"]["migrations"] == row["migrations"]
