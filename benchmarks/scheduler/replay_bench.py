@@ -36,7 +36,12 @@ by tile) with ``simulate(late_share=S)`` in place of the default (``decode_lane.
 most ``allowed_above(N, 99)`` above fifo's P99, both from a noiseless fifo run:
 ``tail_bound.min_misses_tail``) charged with the profile's best packing and with batch-1
 times (``work="standalone"``: it binds every schedule that does not pack), and the
-clairvoyant batch-1 reference (``bound.clairvoyant_misses``).
+clairvoyant batch-1 reference (``bound.clairvoyant_misses``). ``--co-present`` adds the
+co-present packing credit (``tail_bound.co_present_works``: a request packed only with the
+requests that can be present beside it; the larger miss count of its two splits) for the
+P99-and-max target (``bound_tail_co_present``) and, for the P99 alone (no maximum), the
+trace-wide packing rules, co-present and batch-1 (``bound_p99_packing``,
+``bound_p99_co_present``, ``bound_p99_batch1``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 
 from ditmem.scheduler import CostModel
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses
@@ -109,8 +115,9 @@ def demo_trace(run: dict, cost: CostModel) -> list[Request]:
     return with_load(reqs, cost, run["load"], seed=run["seed"], arrival=run["arrival"])
 
 
-def bounds(name: str, reqs: list[Request], cost: CostModel) -> dict:
-    """The trace's bounds (module docstring, ``--bound``), printed and returned (%)."""
+def bounds(name: str, reqs: list[Request], cost: CostModel, co_present: bool = False) -> dict:
+    """The trace's bounds (module docstring, ``--bound``; ``co_present``: ``--co-present``'s
+    too), printed and returned (fractions)."""
     fifo = simulate([dataclasses.replace(r) for r in reqs], make_policy("fifo", cost.fresh()))
     lat = [rec.latency for rec in fifo.records]
     top, p99, n = max(lat), percentile(lat, 99), len(reqs)
@@ -129,11 +136,25 @@ def bounds(name: str, reqs: list[Request], cost: CostModel) -> dict:
           f"packing, {100 * out['bound_tail_batch1']:.1f} % batch-1; clairvoyant batch-1 "
           f"{100 * out['clairvoyant']:.1f} %; batch-1 work {out['standalone_work_s']:.1f} s "
           f"(each row's device busy time: busy_s in --json)")
+    if co_present:
+        def worst(max_flow: float, works: tuple[str, ...]) -> float:
+            return 1 - max(min_misses_tail([reqs], cost, max_flow, p99, k, work=w)
+                           for w in works) / n
+        co = ("co-present", "co-present-proportional")
+        out["bound_tail_co_present"] = worst(top, co)
+        out["bound_p99_packing"] = worst(math.inf, ("profile", "proportional"))
+        out["bound_p99_co_present"] = worst(math.inf, co)
+        out["bound_p99_batch1"] = worst(math.inf, ("standalone",))
+        print(f"{name}: co-present packing: {100 * out['bound_tail_co_present']:.1f} % with "
+              f"P99 and max <= fifo's; P99 alone: {100 * out['bound_p99_packing']:.1f} % "
+              f"packing, {100 * out['bound_p99_co_present']:.1f} % co-present, "
+              f"{100 * out['bound_p99_batch1']:.1f} % batch-1")
     return out
 
 
 def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
-                shares: tuple[float, ...] = (), bound: list | None = None) -> list[dict]:
+                shares: tuple[float, ...] = (), bound: list | None = None,
+                co_present: bool = False) -> list[dict]:
     """Every setting on the trace of the demo run in ``path`` (module docstring); with
     ``seed_offset`` k > 0, a fresh trace of the same demo (its seed + k)."""
     with open(path) as fh:
@@ -148,7 +169,8 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
             f"P95 {r['sim_p95_s']:.2f})" for p, r in runs.items()))
     trace = path if seed_offset == 0 else f"{path.removesuffix('.json')}+{seed_offset}.json"
     if bound is not None:
-        bound.append(bounds(trace.rsplit("/", 1)[-1].removesuffix(".json"), reqs, cost))
+        bound.append(bounds(trace.rsplit("/", 1)[-1].removesuffix(".json"), reqs, cost,
+                            co_present))
     runs_of = [(label, policy, options, None) for label, policy, options in settings]
     runs_of += [(f"{label} ls={share:g}", policy, options, share) for share in shares
                 for label, policy, options in settings if policy == "slo"]
@@ -200,6 +222,8 @@ def main() -> None:
                     help="repeat the demos' slo rows with simulate(late_share=S) (repeatable)")
     ap.add_argument("--bound", action="store_true",
                     help="print each trace's bounds (with the tail target; module docstring)")
+    ap.add_argument("--co-present", action="store_true",
+                    help="with --bound: the co-present packing bounds too (module docstring)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     args.slo_scale = args.slo_scale or [3.0]
@@ -226,7 +250,7 @@ def main() -> None:
           f"{'P99':>6} {'max':>6} {'P95/f':>6} {'P99/f':>6} {'max/f':>6}")
     for name, scale, reqs, slo in traces:
         if found_bounds is not None:
-            found_bounds.append(bounds(name, reqs, cost))
+            found_bounds.append(bounds(name, reqs, cost, args.co_present))
         for j in range(args.noise_seeds):
             found = [run(reqs, cost, policy, options, j, args.noise, slo) | dict(
                 trace=name, slo_scale=scale, noise_seed=j, setting=label, options=options)
@@ -238,7 +262,7 @@ def main() -> None:
     for path in args.demo:
         for k in range(args.demo_seeds + 1):
             found = replay_demo(path, settings, args.noise, k, tuple(args.late_share),
-                                found_bounds)
+                                found_bounds, args.co_present)
             show(found, False)
             rows += found
     if args.json:
