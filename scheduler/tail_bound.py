@@ -386,15 +386,22 @@ def min_misses_tail(
     if work not in CO_PRESENT_SPLITS:
         return found
     total = sum(len(t) for t in traces)
+    # from this budget on the works no longer change (a step's partners beyond the tight
+    # ends are capped at max_batch − 1), so neither does the bound
+    flat = max(0, max(cost.max_batch(r.model) for t in traces for r in t) - 1 - exempt)
     for budget in range(found, total):
         try:
             got = _tail_misses(traces, cost, max_flow, tail_flow, exempt, horizon, work,
                                lambdas, budget)
         except _Infeasible:
+            if budget >= flat:
+                return total  # and so for every larger budget
             continue  # no covered schedule with at most ``budget`` misses
         logger.debug("min_misses_tail: budget %d gives %d", budget, got)
         if got <= budget:
             return budget
+        if budget >= flat:
+            return min(got, total)  # the least budget >= this one that LB(budget) allows
     return total
 
 
@@ -506,7 +513,9 @@ def co_present_works(
     tight end A_j + T, x = e). ``min_misses_tail`` returns the least m ≥ LB(∞) with
     LB(m) ≤ m (each m tried in turn: no monotonicity is assumed), every smaller count being
     impossible; a budget under which even the exemptions cannot keep the limits counts as
-    impossible too (``_Infeasible``). With the same split, each work is never below its
+    impossible too (``_Infeasible``). From m ≥ ``max_batch`` − 1 − e on the works (capped at
+    ``max_batch`` − 1 partners) and so LB(m) stay the same, so the scan stops there with
+    max(m, LB(m)). With the same split, each work is never below its
     ``"profile"`` (``"proportional"``) counterpart.
     """
     if work not in CO_PRESENT_SPLITS:
