@@ -33,6 +33,12 @@ attainment any such schedule, clairvoyant ones included, can have. Per-request w
 ``bound.min_work`` (the least the device can charge with any batching). When J's work alone
 exceeds a window (``M > t2 − t1``), no schedule has all flows within ``max_flow``:
 ValueError.
+
+**Co-present works** (``co_present_works``, ``min_misses_tail(work="co-present")``): a request
+is credited only the packing it can get from the requests that can be present beside it,
+given the tail limits (and a miss budget): its work differs by the case in which a window
+charges it (on time, by its tail limit, by its maximum) — the soundness argument is in
+``co_present_works``' docstring.
 """
 
 from __future__ import annotations
