@@ -80,13 +80,20 @@ class CostModel:
 
     def step_time(self, model: str, tokens: Sequence[int]) -> float:
         """Seconds for one denoising step of a packed batch whose members have ``tokens``."""
+        return self.base_step_time(model, tokens) * self.step_correction(model, tokens)
+
+    def base_step_time(self, model: str, tokens: Sequence[int]) -> float:
+        """The profile's seconds for that step, without the online correction. What a
+        packing gain is judged in: the corrections are learned per shape class of a step's
+        total tokens, so a packed step and its members alone are scaled by different factors,
+        and the ratio of those factors is the device's drift, not a gain."""
         self._model(model)
         key = (model, tuple(sorted(tokens)))
         base = self._cache.get(key)
         if base is None:
             base = self._steps[model].seconds(list(tokens)) if tokens else 0.0
             self._cache[key] = base
-        return base * self.step_correction(model, tokens)
+        return base
 
     def step_correction(self, model: str, tokens: Sequence[int]) -> float:
         """The measured/predicted factor applied to a step of ``tokens`` (its shape class's,
