@@ -87,7 +87,7 @@ together.
 """
 
 from .cost import DEFAULT_PAGE_BYTES, CostModel
-from .plan import MemoryState, SchedulerView, StepPlan, StepReport
+from .plan import MemoryState, PendingDecode, SchedulerView, StepPlan, StepReport
 from .policies import POLICIES, Policy, make_policy
 from .profiles import PROFILE_NAMES, ProfileError, load_profile
 from .queue import WaitingQueue
@@ -101,6 +101,7 @@ __all__ = [
     "CostModel",
     "Location",
     "MemoryState",
+    "PendingDecode",
     "Policy",
     "ProfileError",
     "Request",

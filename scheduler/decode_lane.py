@@ -99,6 +99,7 @@ class _Tiled:
     seq: int
     rid: str = field(compare=False)
     units: list[float] = field(compare=False)
+    tiles: int = field(compare=False, default=0)
 
 
 def step_deadline(now: float, deadlines: list[float]) -> float | None:
@@ -156,7 +157,7 @@ class TiledDecodes:
     def push(self, rid: str, deadline: float, tile_seconds: list[float]) -> None:
         """Queue the decode of ``rid`` as tiles of ``tile_seconds`` each (at least one)."""
         units = list(tile_seconds) or [0.0]
-        self._pending.append(_Tiled(deadline, self._seq, rid, units[::-1]))
+        self._pending.append(_Tiled(deadline, self._seq, rid, units[::-1], len(units)))
         self._pending.sort()
         self._seq += 1
 
@@ -194,6 +195,10 @@ class TiledDecodes:
             if spare - owed >= late.units[-1] - 1e-9:
                 return late.rid
         return None
+
+    def pending(self) -> list[tuple[str, int, int]]:
+        """``(request id, tiles left, tiles)`` per pending decode, earliest deadline first."""
+        return [(d.rid, len(d.units), d.tiles) for d in self._pending]
 
     def remove(self, rid: str) -> None:
         """Forget the decode of ``rid`` (cancelled or failed); unknown ids are ignored."""

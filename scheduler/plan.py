@@ -26,6 +26,18 @@ class MemoryState:
     host_free_pages: int
 
 
+@dataclass(slots=True, frozen=True)
+class PendingDecode:
+    """A finished request whose decode runs tile by tile on the step loop (``decode="tiled"``):
+    ``tiles_left`` of its ``tiles`` still to run. Such a tile runs instead of a planned step
+    due later than the decode, while the decode can still meet its deadline
+    (``decode_lane.TiledDecodes``), so it takes device time the plan does not show."""
+
+    request: Request
+    tiles_left: int
+    tiles: int
+
+
 @dataclass(slots=True)
 class SchedulerView:
     """A snapshot of the engine, the only thing a policy may read (besides its cost model).
@@ -36,7 +48,8 @@ class SchedulerView:
     ``max_active`` the most started requests the engine holds at once (None: no limit) —
     policies never admit beyond it; ``preemption`` is ``"step"`` (requests pause only between
     steps) or ``"block"`` (a step runs in chunks of blocks, and a batch may pause between
-    chunks: its members then show ``blocks_done > 0`` and a ``step_group``).
+    chunks: its members then show ``blocks_done > 0`` and a ``step_group``); ``decodes`` the
+    tiled decodes still pending, earliest deadline first (empty for other decode modes).
     """
 
     active: list[RequestStatus]
@@ -45,6 +58,7 @@ class SchedulerView:
     last_batch: tuple[str, ...] = ()
     max_active: int | None = None
     preemption: str = "step"
+    decodes: tuple[PendingDecode, ...] = ()
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from .decode_lane import DECODE_MODES, LATE_SHARE, DecodeLane, TiledDecodes, ste
 from .loop import mid_step, preempted, run_stages
 from .noise import TimingNoise
 from .parking import HostLink, Parking
-from .plan import MemoryState, SchedulerView, StepPlan, StepReport
+from .plan import MemoryState, PendingDecode, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
 from .queue import WaitingQueue
 from .request import Location, Request, RequestStatus
@@ -128,7 +128,8 @@ class _Engine:
         self.inline_decode = inline_decode
         self.it = _Iteration(0.0, [], [])
 
-    def view(self, last_batch: tuple[str, ...]) -> SchedulerView:
+    def view(self, last_batch: tuple[str, ...],
+             decodes: tuple[PendingDecode, ...] = ()) -> SchedulerView:
         memory = MemoryState(self.total, self.free, self.page_bytes, self.host_free)
         return SchedulerView(
             list(self.active.values()),
@@ -137,6 +138,7 @@ class _Engine:
             last_batch,
             self.max_active,
             self.preemption,
+            decodes,
         )
 
     # ------------------------------------------------------------------ Stages
@@ -319,7 +321,9 @@ def simulate(
             # an arrival can ask for the device), so the engine only checks its intake.
             plan = StepPlan(batch=list(last_batch))
         else:
-            plan = policy.schedule(now, eng.view(last_batch))
+            decodes = () if tiles is None else tuple(
+                PendingDecode(decoding[rid].request, left, n) for rid, left, n in tiles.pending())
+            plan = policy.schedule(now, eng.view(last_batch, decodes))
         pick = None
         if tiles is not None and not (block and _running_part_done(eng, last_batch)):
             pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)), plan.late_tiles_s)

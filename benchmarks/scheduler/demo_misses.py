@@ -12,7 +12,7 @@ follows, decision by decision, in the run and in the first replay: when it ran, 
 waited as late, and what ran meanwhile (``scheduler.policies.recorder``).
 
     python benchmarks/scheduler/demo_misses.py RUN.json [--profile RUN_profile.json] \\
-        [--noise-seeds 8] [--decisions RUN_decisions.json] [--json OUT.json]
+        [--noise-seeds 8] [--at-run-speed] [--decisions RUN_decisions.json] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -35,17 +35,22 @@ from ditmem.scheduler.policies import make_policy  # noqa: E402
 from ditmem.scheduler.policies.recorder import Decision, DecisionLog, describe, timeline  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.tools.report import request_rows  # noqa: E402
+from ditmem.tools.run_speed import scale_profile, speed_factors  # noqa: E402
 
 
-def replays(run: dict, cost: CostModel, seeds: int, sigma: float
+def replays(run: dict, cost: CostModel, seeds: int, sigma: float, at_run_speed: bool = False
             ) -> tuple[list[dict[str, dict]], list[Decision]]:
     """Per noise seed, the simulator's per-request rows for ``run``'s trace, keyed by id;
-    and the first replay's decisions."""
+    and the first replay's decisions. ``at_run_speed``: the device's truth is the profile
+    scaled per kind by what the run measured (``run_speed.speed_factors``), the policy
+    plans with the profile, as the demo's own "at run speed" prediction."""
     reqs = demo_trace(run, cost)
+    truth = CostModel(scale_profile(cost.profile, speed_factors(run["vs_profile"]))) \
+        if at_run_speed else None
     out, first = [], None
     for seed in range(seeds):
         policy = DecisionLog(make_policy(run["policy"], cost.fresh()))
-        result = simulate([dataclasses.replace(r) for r in reqs], policy,
+        result = simulate([dataclasses.replace(r) for r in reqs], policy, truth,
                           page_bytes=DEMO_PAGE_BYTES, device_pages=DEMO_POOL_PAGES,
                           decode=run["decode"].get(run["policy"], "inline"),
                           noise=TimingNoise(sigma=sigma, seed=seed))
@@ -136,6 +141,9 @@ def main() -> None:
                     help="the run's profile (default: RUN_profile.json beside each run)")
     ap.add_argument("--noise-seeds", type=int, default=8)
     ap.add_argument("--sigma", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--at-run-speed", action="store_true",
+                    help="replay with the device's times scaled per kind by the run's own "
+                         "(the run's vs_profile), the policy planning with the profile")
     ap.add_argument("--decisions", default=None,
                     help="the run's decisions (ditmem demo --decisions; one run only): print "
                          "each listed request's timeline in the run and in the replay")
@@ -151,7 +159,7 @@ def main() -> None:
             if "per_request" not in run:
                 sys.exit(f"{path}: the {run['policy']} row has no per_request rows (a run "
                          "before a4c7b46)")
-            sims, sim_log = replays(run, cost, args.noise_seeds, args.sigma)
+            sims, sim_log = replays(run, cost, args.noise_seeds, args.sigma, args.at_run_speed)
             res = compare(run, sims)
             print_report(path, res)
             if args.decisions:

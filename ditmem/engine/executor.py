@@ -93,7 +93,8 @@ class PlanExecutor:
         return SchedulerView(active=[j.status for j in self.active.values()],
                              waiting=self.waiting, memory=memory, last_batch=self.last_batch,
                              max_active=self.engine.max_active,
-                             preemption=self.engine.preemption)
+                             preemption=self.engine.preemption,
+                             decodes=self.tiles.pending() if self.tiles is not None else ())
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> bool:

@@ -13,6 +13,7 @@ from ditmem.engine.jobs import Job
 from ditmem.engine.tracing import stage_range
 from ditmem.models.common.tiled_decode import decode_job
 from ditmem.scheduler.decode_lane import TiledDecodes
+from ditmem.scheduler.plan import PendingDecode
 
 
 class TileRunner:
@@ -40,6 +41,12 @@ class TileRunner:
             tiles = [sum(tiles) / work.units] * work.units
         self._order.push(job.id, job.sched.deadline, tiles)
         self._jobs[job.id] = (job, work)
+
+    def pending(self) -> tuple:
+        """The pending decodes as the policy sees them (``PendingDecode``), earliest deadline
+        first."""
+        return tuple(PendingDecode(self._jobs[rid][0].sched, left, n)
+                     for rid, left, n in self._order.pending())
 
     def pick(self, now: float, deadline: float | None, spare: float = 0.0) -> str | None:
         """The request whose next tile runs instead of a step due at ``deadline`` (None:

@@ -151,6 +151,10 @@ class SloPolicy(Policy):
     * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
       under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
+    * ``see_decodes`` — count the tiled decodes pending on the loop (``SchedulerView.decodes``,
+      each one that can still make its deadline, priced by the cost model) as device time
+      taken before every deadline after theirs: their tiles run instead of a step due later
+      (``decode_lane.TiledDecodes``), so without it the capacities are too large by them;
     * ``order`` (``"edf"``: earliest deadline first; ``"fifo"``: oldest first under the EDF
       guard) and ``order_margin`` — that guard's spare time, a fraction of each protected
       request's SLO window (step 2);
@@ -216,6 +220,7 @@ class SloPolicy(Policy):
         order: str = "edf",
         order_margin: float = 0.7,
         batching: bool = True,
+        see_decodes: bool = False,
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
     ):
@@ -268,6 +273,8 @@ class SloPolicy(Policy):
         self.order_margin = order_margin
         self._gain: dict[tuple[str, int], float] = {}
         self.batching = batching
+        self.see_decodes = see_decodes
+        self._decodes: list[tuple[float, float]] = []  # (deadline, s left), the view's on-time
         self._static: dict[str, tuple[int, int]] = {}
 
     # ---- per-request numbers -----------------------------------------------------------
@@ -347,6 +354,10 @@ class SloPolicy(Policy):
         then (of requests not counted in ``self._skip``), future arrivals that could outrank
         it are expected to take their share, and a ``margin`` fraction is kept spare."""
         cap = delta * (1.0 - margin) - self.lane.forced(now, delta, self._skip)
+        for due, seconds in self._decodes:
+            if due >= now + delta:
+                break
+            cap -= seconds
         if self.forecast is not None:
             outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
@@ -435,7 +446,20 @@ class SloPolicy(Policy):
                 v.late = True
         return back
 
+    def _pending_decodes(self, now: float, view: SchedulerView) -> list[tuple[float, float]]:
+        """(deadline, predicted seconds left) of each pending tiled decode that can still
+        meet its deadline, by deadline (``see_decodes``; else none)."""
+        if not self.see_decodes:
+            return []
+        out = []
+        for d in view.decodes:
+            left = self.cost.decode_time(d.request) * d.tiles_left / max(1, d.tiles)
+            if now + left <= d.request.deadline:
+                out.append((d.request.deadline, left))
+        return sorted(out)
+
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
+        self._decodes = self._pending_decodes(now, view)
         cands = self._candidates(view)
         by_id = {c.req.id: c for c in cands}
         self.lane.see(view, self.cost)

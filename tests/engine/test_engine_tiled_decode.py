@@ -175,3 +175,21 @@ def test_a_late_decode_takes_the_time_the_plan_spares(gen, margin, large_first):
     assert engine.drain(10)
     assert (r_large.timing.finished < r_small.timing.finished) is large_first
     assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0
+
+
+def test_the_policy_sees_each_pending_decode_and_its_tiles_left(gen):
+    engine = make_engine(gen, decode="tiled", decode_tile=TILE)
+    policy, seen = engine.policy, []
+    schedule = policy.schedule
+
+    def recording(now, view):
+        seen.append(tuple((d.request.id, d.tiles_left, d.tiles) for d in view.decodes))
+        return schedule(now, view)
+
+    policy.schedule = recording
+    engine.start()
+    engine.submit(large()).future.result(120)
+    assert engine.drain(10) and engine.pool.num_used_pages == 0
+    pending = [s[0] for s in seen if s]
+    assert [left for _, left, _ in pending] == list(range(16, 0, -1))  # 4 x 4 tiles, one a pick
+    assert {(rid, n) for rid, _, n in pending} == {("large", 16)}
