@@ -358,7 +358,7 @@ def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs,
     import sys
 
     sys.path.insert(0, "benchmarks/scheduler")
-    from replay_bench import bench_trace, demo_trace
+    from replay_bench import bench_trace, demo_trace, saved_demo
 
     out: dict = {"demos": [], "benches": []}
     print("\n## issue 13, real traces: the bounds with the proportional split (attainment %)")
@@ -366,9 +366,7 @@ def part_packed(seeds: tuple[int, ...], requests: int, demo_runs, bench_runs,
           f"{'need':>6} {'P99: pack':>9} {'P99: b1':>8} {'P99+max: pack':>13} "
           f"{'P99+max: b1':>11} {'P99 meas.: pack':>15} {'verdict (P99 target)':>22}")
     for path in demo_runs:
-        with open(path) as fh:
-            runs = {r["policy"]: r for r in json.load(fh)}
-        cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+        runs, cost = saved_demo(path)
         reqs = demo_trace(next(iter(runs.values())), cost)
         n = len(reqs)
         _, p99, top = _fifo_tail(reqs, cost)
@@ -478,7 +476,7 @@ def part_co_present(runs, search_s: float = 0.0) -> dict:
     import sys
 
     sys.path.insert(0, "benchmarks/scheduler")
-    from replay_bench import demo_trace
+    from replay_bench import demo_trace, saved_demo
 
     out: dict = {"demos": []}
     print("\n## issue 13, one device: P99 <= fifo's and within 1 point of the clairvoyant "
@@ -487,9 +485,7 @@ def part_co_present(runs, search_s: float = 0.0) -> dict:
           f"{'cp-eq':>5} {'cp-pr':>5} {'b1':>5} {'verdict':>10} | {'(b) eq':>6} {'prop':>5} "
           f"{'cp-eq':>5} {'cp-pr':>5} {'b1':>5} {'verdict':>10} {'s':>4}")
     for path in runs:
-        with open(path) as fh:
-            saved = {r["policy"]: r for r in json.load(fh)}
-        cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+        saved, cost = saved_demo(path)
         reqs = demo_trace(next(iter(saved.values())), cost)
         n = len(reqs)
         t0 = time.time()

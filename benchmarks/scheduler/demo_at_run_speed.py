@@ -25,9 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_bench import demo_trace  # noqa: E402
+from replay_bench import demo_trace, saved_demo  # noqa: E402
 
-from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.metrics import summarize  # noqa: E402
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise  # noqa: E402
 from ditmem.scheduler.policies import make_policy  # noqa: E402
@@ -43,9 +42,7 @@ DEMO_PAGE_BYTES, DEMO_POOL_PAGES = 64 * 1024, 1024
 def replay(path: str, sigma: float) -> list[dict]:
     """Rows for one saved demo run: per policy, the real run, the prediction, the replay at
     the run's speed (attainment in [0, 1], latencies in s)."""
-    with open(path) as fh:
-        runs = {r["policy"]: r for r in json.load(fh)}
-    cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+    runs, cost = saved_demo(path)
     first = next(iter(runs.values()))
     reqs = demo_trace(first, cost)
     rows = []

@@ -104,6 +104,14 @@ def parse_setting(text: str) -> tuple[str, str, dict]:
     return label, "slo", options
 
 
+def saved_demo(path: str) -> tuple[dict[str, dict], CostModel]:
+    """A saved ``ditmem demo --json`` file's rows by policy, and the cost model of the
+    profile saved beside it (``RUN_profile.json``)."""
+    with open(path) as fh:
+        runs = {r["policy"]: r for r in json.load(fh)}
+    return runs, CostModel.load(path.removesuffix(".json") + "_profile.json")
+
+
 def demo_trace(run: dict, cost: CostModel) -> list[Request]:
     """The requests ``ditmem demo`` built for ``run`` (its JSON row): the workload at the
     run's load, sides divided by its divisor, arrivals and deadlines from ``cost``."""
@@ -157,9 +165,7 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
                 co_present: bool = False) -> list[dict]:
     """Every setting on the trace of the demo run in ``path`` (module docstring); with
     ``seed_offset`` k > 0, a fresh trace of the same demo (its seed + k)."""
-    with open(path) as fh:
-        runs = {r["policy"]: r for r in json.load(fh)}
-    cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+    runs, cost = saved_demo(path)
     first = next(iter(runs.values()))
     reqs = demo_trace(dict(first, seed=first["seed"] + seed_offset), cost)
     if seed_offset == 0:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_bench import demo_trace, parse_setting  # noqa: E402
+from replay_bench import demo_trace, parse_setting, saved_demo  # noqa: E402
 
 from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.bound import clairvoyant_misses  # noqa: E402
@@ -59,9 +59,7 @@ def one(reqs, cost: CostModel, policy: str, options: dict, decode: str, noise: T
 
 def rows_for(path: str, settings, biases, noise_seeds: int, fresh: int, sigma: float):
     """Rows (dicts) for every trace of the demo in ``path`` (module docstring)."""
-    with open(path) as fh:
-        runs = {r["policy"]: r for r in json.load(fh)}
-    cost = CostModel.load(path.removesuffix(".json") + "_profile.json")
+    runs, cost = saved_demo(path)
     first = next(iter(runs.values()))
     name = path.rsplit("/", 1)[-1].removesuffix(".json")
     out = []
