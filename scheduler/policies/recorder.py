@@ -91,11 +91,13 @@ class Segment:
 
 
 def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> list[Segment]:
-    """What ``rid`` did between ``arrival`` and ``finished`` (s), segment by segment
-    (``others``: the ids that did step meanwhile)."""
+    """What ``rid`` did from ``arrival`` until ``finished`` (s), segment by segment: the
+    decisions at ``arrival <= now < finished`` (one at ``finished`` comes after it finished:
+    the simulator decides again at the very time a step ends); ``others``: the ids that
+    did step meanwhile."""
     segments: list[Segment] = []
     for d in log:
-        if d.now < arrival or d.now > finished:
+        if d.now < arrival or d.now >= finished:
             continue
         if rid in d.batch:
             state = "runs" if d.ran is not None and rid in d.ran else "planned"

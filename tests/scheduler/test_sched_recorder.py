@@ -40,3 +40,19 @@ def test_timeline_of_a_request_waiting_behind_another_under_fifo():
     assert segs[0].decisions == 3 and segs[0].others == {"a": 3}
     assert segs[1].decisions == 4 and not segs[1].others
     assert "ran: a×3" in describe(segs)
+
+
+def test_a_timeline_ends_before_the_decision_at_the_finish_time():
+    # fifo, 1-s steps: a runs 0-4 s, b 4-8 s, c 8-12 s; the simulator decides again at 4 s
+    # and 8 s, when a and b have finished: those decisions are not theirs to wait in
+    cost = table_cost()
+    reqs = [req("a", 0.0, cost=cost), req("b", 0.5, cost=cost), req("c", 1.0, cost=cost)]
+    logged = DecisionLog(make_policy("fifo", cost.fresh()))
+    res = {r.request.id: r for r in simulate(reqs, logged).records}
+    assert [res[i].finished for i in "abc"] == pytest.approx([4.0, 8.0, 12.0])
+    segs = timeline(logged.log, "a", 0.0, res["a"].finished)
+    assert [(s.state, s.start, s.end, s.decisions) for s in segs] == [("runs", 0.0, 3.0, 4)]
+    segs = timeline(logged.log, "b", 0.5, res["b"].finished)
+    assert [(s.state, s.decisions) for s in segs] == [("waits", 3), ("runs", 4)]
+    assert (segs[1].start, segs[1].end) == pytest.approx((4.0, 7.0))
+    assert not segs[1].others  # c's first step (the decision at 8 s) is not b's to see
