@@ -51,8 +51,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    class of a step's total tokens, and on the real demo they made a 1024² joining a 256²
    step look 17 % cheaper than the two apart, where the profile says 0 %: the 256² then ran
    at the 1024²'s step time and missed), and after the longer step (never predicted
-   shorter than the step without the joiner) every on-time request is still as feasible
-   (deadline order, remaining work) as after a step of the head alone; with ``join_margin0`` > 0 (an
+   shorter than the step without the joiner, nor than the joiner's own step) every
+   on-time request is still as feasible (deadline order, remaining work) as after a
+   step of the head alone; with ``join_margin0`` > 0 (an
    option, 0 by default) an on-time priority-0 request must also keep slack of at least
    that fraction of its remaining work (or what the head alone would leave it, if less),
    so a joiner does not take a priority-0 request's last seconds before the device's
@@ -647,7 +648,9 @@ class SloPolicy(Policy):
             new_base = base(model, tokens)
             if new_base - base_step > (1.0 - self.min_gain) * base(model, [c.tokens]):
                 continue
-            new_step = max(cost.step_time(model, tokens), step)
+            # never shorter than without the joiner, nor than the joiner's own step: the
+            # packed step's correction is its class's, learned on other mixes
+            new_step = max(cost.step_time(model, tokens), step, c.tau)
             trial = batch + [c]
             if self._batch_fits(now, trial, new_step, ontime) and make_room(
                 cost, view, [c.item], plan, victim_order=self._victim_order

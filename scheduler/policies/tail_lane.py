@@ -223,7 +223,9 @@ def member_work(c: Candidate, plan: StepPlan) -> float:
 
 def plan_seconds(cost: CostModel, view: SchedulerView, cands: dict[str, Candidate],
                  plan: StepPlan) -> float:
-    """Predicted length of one iteration of ``plan`` (transfers, encodes, step, decodes; s)."""
+    """Predicted length of one iteration of ``plan`` (transfers, encodes, step, decodes; s).
+    The packed step is never predicted shorter than any of its members' own steps (its
+    online correction is its shape class's, learned on other mixes of that total)."""
     pages = {s.id: s.pages for s in view.active}
     moved = sum(pages.get(rid, 0) for rid in (*plan.offload, *plan.restore))
     seconds = cost.transfer_time(moved * view.memory.page_bytes) if moved else 0.0
@@ -242,5 +244,6 @@ def plan_seconds(cost: CostModel, view: SchedulerView, cands: dict[str, Candidat
         seconds += c.enc if rid in plan.admit else 0.0
         seconds += c.dec if done + 1 >= c.req.steps else 0.0
     if tokens:
-        seconds += cost.step_time(model, tokens)
+        seconds += max(cost.step_time(model, tokens),
+                       *(cost.step_time(model, [t]) for t in tokens))
     return seconds

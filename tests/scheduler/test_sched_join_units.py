@@ -55,3 +55,46 @@ def test_a_join_the_profile_prices_as_a_gain_still_happens():
     b = eng.arrive(req("b", 0.0, size=512, steps=4, cost=cost))
     plan = make_policy("slo", cost).schedule(0.0, eng.view())
     assert sorted(plan.batch) == sorted([a.id, b.id])
+
+
+def _learned_mixed_gain_cost():
+    # the profile prices the mixed [512², 1024²] step at 4.5 s (batch-2 point at the mean
+    # size: a 0.5-s gain on the two apart, 5 s), so a 1024² may join a 512² step (it adds
+    # 3.5 s <= 0.9 x its own 4 s); the mixed class was then seen at 0.6 x: learned 2.7 s,
+    # shorter than the 1024² alone (4 s, its class seen at 1.0 x)
+    cost = table_cost(seconds_1024=1.0, seconds_4096=4.0,
+                      batch_points=[{"tokens": 2560, "batch": 2, "seconds": 4.5}])
+    for tokens, ratio in (([1024, 4096], 0.6), ([1024], 1.0), ([4096], 1.0)):
+        for _ in range(60):
+            base = cost.base_step_time(M, tokens)
+            cost.observe(StepReport(now=0.0, batch=[f"x{i}" for i in range(len(tokens))],
+                                    model=M, tokens=tokens, step_s=ratio * base))
+    assert cost.base_step_time(M, [1024, 4096]) == pytest.approx(4.5)
+    assert cost.step_time(M, [1024, 4096]) == pytest.approx(2.7, rel=1e-2)
+    assert cost.step_time(M, [4096]) == pytest.approx(4.0, rel=1e-3)
+    return cost
+
+
+@pytest.mark.parametrize("slo_ms, joins", [(6_000, False), (8_000, True)])
+def test_a_packed_step_is_never_predicted_shorter_than_the_joiners_own(slo_ms, joins):
+    # small (4 x 1-s steps) is the head; after a packed step of T s it has 3 s of steps
+    # left: at 2.7 s it would finish at 5.7 s, but the step takes at least big's own 4 s:
+    # 7 s. Due at 6 s, big must not join; due at 8 s, it may.
+    cost = _learned_mixed_gain_cost()
+    eng = HandEngine(cost)
+    small = eng.arrive(req("small", 0.0, size=512, steps=4, slo_ms=slo_ms, cost=cost))
+    big = eng.arrive(req("big", 0.0, size=1024, steps=4, slo_ms=100_000, cost=cost))
+    plan = make_policy("slo", cost).schedule(0.0, eng.view())
+    assert plan.batch == ([small.id, big.id] if joins else [small.id])
+
+
+def test_the_lanes_iteration_length_counts_a_packed_step_as_its_longest_member():
+    from ditmem.scheduler.plan import StepPlan
+    from ditmem.scheduler.policies.tail_lane import plan_seconds
+
+    cost = _learned_mixed_gain_cost()
+    eng = HandEngine(cost)
+    eng.arrive(req("small", 0.0, size=512, cost=cost))
+    eng.arrive(req("big", 0.0, size=1024, cost=cost))
+    seconds = plan_seconds(cost, eng.view(), {}, StepPlan(batch=["small", "big"]))
+    assert seconds == pytest.approx(4.0, rel=1e-3)  # big alone; the learned mix says 2.7
