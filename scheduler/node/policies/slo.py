@@ -51,11 +51,17 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    request's state) and waits for it rather than starting smaller. One that had a
    reachable goal and lost it goes right after the targets, by arrival (not overtaken
    by every smaller request due earlier: those keep their deadlines through steps 2–3).
-   Where no request reaches its goal (the two-device demo) nothing changes. On 8 × h200
-   at ρ 0.7 (2 × 1,000, seeds 0–3) ``goal=0.17`` brings seed-mix's P95 to the 0.5 ×
-   FIFO bar with P99 and max no higher than the default's, but raises omni-mix's
-   (its P95 lies at the large tier's 67th percentile, not its median; 0.21 helps it a
-   little): benchmarks/scheduler/results/node_goal_s10.json.
+   Where no request can reach its goal nothing changes (the two-device demo at 0.17 or
+   0.21: a degree-2 run there takes ≥ 0.74 of the time alone, over 0.63 of it). On 8 ×
+   h200 at ρ 0.7 (5 × 2,000, seeds 0–4, noise on) ``goal=0.17`` takes seed-mix's P95
+   from 26.5 to 23.5 s (0.48 × fifo d=1's 49.0 s; the 2048² tier's steps at degree 4
+   are as many, 38 → 39 %, but go to the requests that can still reach the goal, and those
+   at degree 1, 18 → 25 %, to the rest; preemptions 0.43 → 0.74 per request), P99 50.0
+   → 50.2 s, max 95.8 → 94.5 s, but raises omni-mix's 18.2 →
+   19.5 s: its P95 lies at the large tier's 67th percentile, not its median, and about
+   half of that tier reaches the goal. ``goal=0.21`` takes omni-mix's to 17.1 s (0.61 ×)
+   and its max 54.6 → 46.8 s and leaves seed-mix's at 27.4 s. No one value helps both,
+   hence off (session 10, benchmarks/scheduler/results/node_goal_s10.json).
 5. **The rest by deadline** (key arrival + ``order_slack`` × the SLO window: 1, the
    default, is by deadline; 0 by arrival) at their needed degree (a larger free group when
    the needed one is not free). By arrival, deadlines are still kept by steps 2 and 3, and
