@@ -38,6 +38,14 @@ from ditmem.tools.report import request_rows  # noqa: E402
 from ditmem.tools.run_speed import scale_profile, speed_factors  # noqa: E402
 
 
+def replay_decode(run: dict) -> str:
+    """The decode mode the demo's own prediction replays ``run`` with (``ditmem demo``'s
+    ``predict``): ``"concurrent"`` when the run decoded on worker threads, else the run's."""
+    if run.get("decode_workers"):
+        return "concurrent"
+    return run["decode"].get(run["policy"], "inline")
+
+
 def replays(run: dict, cost: CostModel, seeds: int, sigma: float, at_run_speed: bool = False
             ) -> tuple[list[dict[str, dict]], list[Decision]]:
     """Per noise seed, the simulator's per-request rows for ``run``'s trace, keyed by id;
@@ -52,7 +60,7 @@ def replays(run: dict, cost: CostModel, seeds: int, sigma: float, at_run_speed: 
         policy = DecisionLog(make_policy(run["policy"], cost.fresh()))
         result = simulate([dataclasses.replace(r) for r in reqs], policy, truth,
                           page_bytes=DEMO_PAGE_BYTES, device_pages=DEMO_POOL_PAGES,
-                          decode=run["decode"].get(run["policy"], "inline"),
+                          decode=replay_decode(run),
                           noise=TimingNoise(sigma=sigma, seed=seed))
         out.append({row["id"]: row for row in request_rows(result.records)})
         first = policy.log if first is None else first
@@ -149,6 +157,8 @@ def main() -> None:
                          "each listed request's timeline in the run and in the replay")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.decisions and len(args.runs) > 1:
+        ap.error(f"--decisions: one run's decisions, got {len(args.runs)} runs")
     out = []
     for path in args.runs:
         profile = args.profile or path.removesuffix(".json") + "_profile.json"

@@ -48,3 +48,22 @@ def test_refuses_a_replay_of_another_trace(demo_misses):
     with pytest.raises(ValueError, match="differs"):
         demo_misses.compare({"policy": "slo", "per_request": real},
                             [{"z": _row("z", "64x64", 0.0, 1.0, 0.0, 0.5, True)}])
+
+
+def test_replays_decode_as_the_demos_prediction(demo_misses):
+    run = {"policy": "slo", "decode": {"fifo": "inline", "slo": "tiled"}, "decode_workers": 0}
+    assert demo_misses.replay_decode(run) == "tiled"
+    assert demo_misses.replay_decode(dict(run, policy="fifo")) == "inline"
+    # decode worker threads: the run's decode mode reads "inline", the demo predicts with
+    # the simulator's concurrent decode lane
+    workers = dict(run, decode={"fifo": "inline", "slo": "inline"}, decode_workers=1)
+    assert demo_misses.replay_decode(workers) == "concurrent"
+
+
+def test_one_runs_decisions_only(demo_misses, monkeypatch, tmp_path):
+    monkeypatch.setattr("sys.argv", ["demo_misses.py", str(tmp_path / "a.json"),
+                                     str(tmp_path / "b.json"), "--decisions",
+                                     str(tmp_path / "d.json")])
+    with pytest.raises(SystemExit) as err:
+        demo_misses.main()
+    assert err.value.code == 2
