@@ -73,8 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write results JSON here")
     p.add_argument("--decisions", default=None,
                    help="write every policy decision of each replay here (JSON: per policy, "
-                        "one row per decision: now, batch, admit, offload, restore, late ids; "
-                        "read by benchmarks/scheduler/demo_misses.py --decisions)")
+                        "one row per decision: now (s, the replay's clock), batch, admit, "
+                        "offload, restore, late ids, active/waiting counts, ran (ids stepped; "
+                        "null: no step report, e.g. a decode tile ran) and step_s; one-device "
+                        "demo only; read by benchmarks/scheduler/demo_misses.py --decisions)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",
                    help="parallel (default): one process per policy, each pinned to its own "

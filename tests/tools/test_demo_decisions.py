@@ -1,0 +1,46 @@
+"""``ditmem demo --decisions`` on the real engine: each policy's decision log (the
+``DecisionLog`` around the engine's ``ObservingPolicy``) comes back from the replay
+processes on the replay's clock, one logged step per request step."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+PROFILE = Path(__file__).parents[2] / "benchmarks" / "serving" / "cpu-tiny-measured.json"
+
+
+@pytest.mark.slow
+def test_each_replays_decisions_on_the_replays_clock(tmp_path):
+    from ditmem.cli import build_parser
+
+    out, log = tmp_path / "demo.json", tmp_path / "decisions.json"
+    parser, module = build_parser("demo")
+    args = parser.parse_args(["demo", "--requests", "6", "--divisor", "8", "--mode",
+                              "parallel", "--profile", str(PROFILE), "--no-progress",
+                              "--plot", "", "--json", str(out), "--decisions", str(log)])
+    assert module.main(args) == 0
+    decisions = json.loads(log.read_text())
+    for row in json.loads(out.read_text()):
+        rows = decisions[row["policy"]]
+        stepped = Counter(i for d in rows for i in (d["ran"] or ()))
+        for q in row["per_request"]:
+            # every step of a request is one logged decision that ran it
+            assert stepped[q["id"]] == q["steps"], (row["policy"], q["id"])
+            times = [d["now"] for d in rows if q["id"] in (d["ran"] or ())]
+            # decided after it arrived (replay clock) and before it finished
+            assert q["arrival_s"] - 1e-3 <= min(times) <= q["started_s"]
+            assert max(times) < q["finished_s"]
+        assert all(set(d["ran"]) <= set(d["batch"]) for d in rows if d["ran"] is not None)
+
+
+def test_decisions_are_refused_with_two_devices(capsys):
+    from ditmem.cli import build_parser
+
+    parser, module = build_parser("demo")
+    args = parser.parse_args(["demo", "--devices", "2", "--decisions", "x.json"])
+    assert module.main(args) == 2
+    assert "--decisions" in capsys.readouterr().err
