@@ -349,14 +349,19 @@ class SloPolicy(Policy):
         steps = c.rem - c.enc - c.dec
         return c.rem - self.packing * gain * steps
 
-    def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0) -> float:
+    def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0,
+                  due: float | None = None) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
         then (of requests not counted in ``self._skip``), future arrivals that could outrank
-        it are expected to take their share, and a ``margin`` fraction is kept spare."""
+        it are expected to take their share, and a ``margin`` fraction is kept spare. With
+        ``see_decodes``, the pending decodes due before ``due`` (the request's deadline,
+        default ``now + delta``) take theirs: after a step of T s the window is
+        ``delta - T`` but the decodes due before the deadline still run in it."""
         cap = delta * (1.0 - margin) - self.lane.forced(now, delta, self._skip)
-        for due, seconds in self._decodes:
-            if due >= now + delta:
+        until = now + delta if due is None else due
+        for decode_due, seconds in self._decodes:
+            if decode_due >= until:
                 break
             cap -= seconds
         if self.forecast is not None:
@@ -671,8 +676,9 @@ class SloPolicy(Policy):
             work_b += rem - (c.tau if id(c) in members else 0.0)
             work_h += rem - (c.tau if c is head else 0.0)
             delta = c.req.deadline - now
-            after_batch = self._capacity(delta - step, now, c.req.priority) - work_b
-            after_head = self._capacity(delta - head.tau, now, c.req.priority) - work_h
+            due = c.req.deadline
+            after_batch = self._capacity(delta - step, now, c.req.priority, due=due) - work_b
+            after_head = self._capacity(delta - head.tau, now, c.req.priority, due=due) - work_h
             keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
             if after_batch < min(keep, after_head) - 1e-9:
                 return False

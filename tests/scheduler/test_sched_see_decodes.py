@@ -53,3 +53,22 @@ def test_tiled_decodes_list_what_is_pending_by_deadline():
     tiles.push("y", 4.0, [2.0])
     tiles.run_one("x")
     assert tiles.pending() == [("y", 1, 1), ("x", 2, 3)]
+
+
+def test_a_joiner_is_judged_with_the_decodes_due_before_the_deadline():
+    # 512² steps 1 s, two packed 1.5 s, a 512²'s decode 0.5 s; a pending 1024² decode has
+    # 2 s of tiles, due at 3.5 s: its tiles run first. a (2 steps, due 4.8 s) alone: 2 + 1
+    # + 1 + 0.5 = 4.5 s, met; with b joining its first step: 2 + 1.5 + 1 + 0.5 = 5.0 s, a
+    # miss. The decode is due before a's deadline but after 4.8 - 1.5 = 3.3 s, so it must
+    # still count in the window left after the longer step.
+    cost = table_cost(seconds_1024=1.0, decode_s_per_mp=2.0 / MP_1024,
+                      batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.5}])
+    eng = HandEngine(cost)
+    d = req("d", -10.0, size=1024, steps=1, slo_ms=13_500, cost=cost)
+    a = eng.arrive(req("a", 0.0, size=512, steps=2, slo_ms=4_800, cost=cost))
+    b = eng.arrive(req("b", 0.0, size=512, steps=2, slo_ms=20_000, cost=cost))
+    view = eng.view()
+    view.decodes = (PendingDecode(d, tiles_left=2, tiles=2),)
+    assert cost.decode_time(d) == pytest.approx(2.0)
+    assert make_policy("slo", cost).schedule(0.0, view).batch == [a.id, b.id]  # blind
+    assert make_policy("slo", cost, see_decodes=True).schedule(0.0, view).batch == [a.id]
