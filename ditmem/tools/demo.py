@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write every policy decision of each replay here (JSON: per policy, "
                         "one row per decision: now (s, the replay's clock), batch, admit, "
                         "offload, restore, late ids, active/waiting counts, ran (ids stepped; "
-                        "null: no step report, e.g. a decode tile ran) and step_s; one-device "
+                        "null: no step report, e.g. a decode tile ran), step_s and the ids "
+                        "decoding (tiled decodes pending); one-device "
                         "demo only; read by benchmarks/scheduler/demo_misses.py --decisions)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",

@@ -3,12 +3,13 @@
 ``DecisionLog(policy)`` decides exactly as ``policy`` (every other attribute and call, the
 loop's reports included, is the wrapped policy's) and keeps, per decision, the plan's
 batch, admits, offloads and restores, the ids the policy holds as late (its tail lane, when
-it has one), how many requests were started and waiting, and — from the loop's report on
-that plan — the ids that did step and the step's seconds (``ran`` None: no report came,
-e.g. a decode tile ran instead of the plan). :func:`timeline` then says what one request
-was doing from decision to decision — running, planned but not run, waiting, or waiting as
-late — and what ran while it waited, the same way for the engine's log and the
-simulator's, so the first place they part is readable
+it has one), how many requests were started and waiting, the ids whose tiled decodes were
+pending (``SchedulerView.decodes``), and — from the loop's report on that plan — the ids
+that did step and the step's seconds (``ran`` None: no report came, e.g. a decode tile ran
+instead of the plan). :func:`timeline` then says what one request was doing from decision
+to decision — running, planned but not run, waiting, waiting as late, or decoding (its
+steps done, its tiles pending) — and what ran while it waited, the same way for the
+engine's log and the simulator's, so the first place they part is readable
 (``benchmarks/scheduler/demo_misses.py``).
 """
 
@@ -21,8 +22,9 @@ from dataclasses import asdict, dataclass
 @dataclass(slots=True)
 class Decision:
     """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, the
-    numbers of started (``active``) and ``waiting`` requests it saw, and what the loop
-    reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s``."""
+    numbers of started (``active``) and ``waiting`` requests it saw, what the loop
+    reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s``, and the
+    ids of the pending tiled decodes it saw (``decoding``)."""
 
     now: float
     batch: tuple[str, ...]
@@ -34,6 +36,7 @@ class Decision:
     waiting: int
     ran: tuple[str, ...] | None = None
     step_s: float | None = None
+    decoding: tuple[str, ...] = ()
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -44,7 +47,7 @@ class Decision:
         return cls(row["now"], *(tuple(row[k]) for k in ("batch", "admit", "offload",
                                                          "restore", "late")),
                    row["active"], row["waiting"], None if ran is None else tuple(ran),
-                   row.get("step_s"))
+                   row.get("step_s"), tuple(row.get("decoding", ())))
 
 
 class DecisionLog:
@@ -60,7 +63,8 @@ class DecisionLog:
         self.log.append(Decision(now, tuple(plan.batch), tuple(plan.admit),
                                  tuple(plan.offload), tuple(plan.restore),
                                  tuple(lane.ids()) if lane is not None else (),
-                                 len(view.active), len(view.waiting)))
+                                 len(view.active), len(view.waiting),
+                                 decoding=tuple(d.request.id for d in view.decodes)))
         return plan
 
     def observe(self, report) -> None:
@@ -78,7 +82,8 @@ class DecisionLog:
 class Segment:
     """Consecutive decisions in which a request was in one ``state`` (``"runs"``,
     ``"planned"`` — in the plan's batch, but the plan did not run or the request did not
-    step —, ``"waits"`` or ``"waits late"``): from ``start`` to ``end`` (s, the first decision of
+    step —, ``"waits"``, ``"waits late"`` or ``"decodes"`` — its steps done, its tiled
+    decode pending —): from ``start`` to ``end`` (s, the first decision of
     the next segment, or the last decision seen), over ``decisions`` decisions; ``others``
     counts the ids that ran in them (by id), ``offloaded`` whether it was offloaded then."""
 
@@ -99,7 +104,9 @@ def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> 
     for d in log:
         if d.now < arrival or d.now >= finished:
             continue
-        if rid in d.batch:
+        if rid in d.decoding:
+            state = "decodes"
+        elif rid in d.batch:
             state = "runs" if d.ran is not None and rid in d.ran else "planned"
         else:
             state = "waits late" if rid in d.late else "waits"

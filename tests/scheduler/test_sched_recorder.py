@@ -56,3 +56,21 @@ def test_a_timeline_ends_before_the_decision_at_the_finish_time():
     assert [(s.state, s.decisions) for s in segs] == [("waits", 3), ("runs", 4)]
     assert (segs[1].start, segs[1].end) == pytest.approx((4.0, 7.0))
     assert not segs[1].others  # c's first step (the decision at 8 s) is not b's to see
+
+
+def test_a_timeline_shows_the_decisions_a_request_spent_decoding():
+    # fifo, tiled decodes: a's 4 steps 0-4 s, then its 1-s decode (one tile) runs instead
+    # of b's first planned step; b steps 5-9 s, then its own decode (9-10 s)
+    cost = table_cost(decode_s_per_mp=1.0 / (512 * 512 / 1e6))
+    reqs = [req("a", 0.0, cost=cost), req("b", 0.5, cost=cost)]
+    logged = DecisionLog(make_policy("fifo", cost.fresh()))
+    res = {r.request.id: r for r in simulate(reqs, logged, decode="tiled").records}
+    assert (res["a"].finished, res["b"].finished) == pytest.approx((5.0, 10.0))
+    segs = timeline(logged.log, "a", 0.0, 5.0)
+    assert [(s.state, s.start, s.decisions) for s in segs] == [("runs", 0.0, 4),
+                                                                ("decodes", 4.0, 1)]
+    segs = timeline(logged.log, "b", 0.5, 10.0)
+    assert [(s.state, s.start, s.decisions) for s in segs] == [
+        ("waits", 1.0, 3), ("planned", 4.0, 1), ("runs", 5.0, 4), ("decodes", 9.0, 1)]
+    rows = [d.as_row() for d in logged.log]
+    assert [Decision.from_row(r) for r in rows] == logged.log

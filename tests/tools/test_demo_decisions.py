@@ -34,7 +34,14 @@ def test_each_replays_decisions_on_the_replays_clock(tmp_path):
             # decided after it arrived (replay clock) and before it finished
             assert q["arrival_s"] - 1e-3 <= min(times) <= q["started_s"]
             assert max(times) < q["finished_s"]
+            # its tiled decode is seen pending only after its last step, until it finished
+            decoding = [d["now"] for d in rows if q["id"] in d["decoding"]]
+            assert all(max(times) < t < q["finished_s"] for t in decoding)
+            if row["decode"][row["policy"]] == "inline":
+                assert not decoding
         assert all(set(d["ran"]) <= set(d["batch"]) for d in rows if d["ran"] is not None)
+        if row["decode"][row["policy"]] == "tiled":  # a tile's iteration decides first
+            assert {i for d in rows for i in d["decoding"]} == {q["id"] for q in row["per_request"]}
 
 
 def test_decisions_are_refused_with_two_devices(capsys):
