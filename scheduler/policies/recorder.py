@@ -2,14 +2,15 @@
 
 ``DecisionLog(policy)`` decides exactly as ``policy`` (every other attribute and call, the
 loop's reports included, is the wrapped policy's) and keeps, per decision, the plan's
-batch, admits, offloads and restores, the ids the policy holds as late (its tail lane, when
-it has one), how many requests were started and waiting, the ids whose tiled decodes were
-pending (``SchedulerView.decodes``), and — from the loop's report on that plan — the ids
-that did step and the step's seconds (``ran`` None: no report came, e.g. a decode tile ran
-instead of the plan). :func:`timeline` then says what one request was doing from decision
-to decision — running, planned but not run, waiting, waiting as late, or decoding (its
-steps done, its tiles pending) — and what ran while it waited, the same way for the
-engine's log and the simulator's, so the first place they part is readable
+batch, admits, offloads and restores, the ids the policy holds as late (its
+``late_ids()``, when it has one: slo's given-up requests), how many requests were started
+and waiting, the ids whose tiled decodes were pending (``SchedulerView.decodes``), and —
+from the loop's report on that plan — the ids that did step and the step's seconds
+(``ran`` None: no report came, e.g. a decode tile ran instead of the plan).
+:func:`timeline` then says what one request was doing from decision to decision —
+running, planned but not run, waiting, waiting as late, or decoding (its steps done, its
+tiles pending) — and what ran while it waited, the same way for the engine's log and the
+simulator's, so the first place they part is readable
 (``benchmarks/scheduler/demo_misses.py``).
 """
 
@@ -59,10 +60,10 @@ class DecisionLog:
 
     def schedule(self, now: float, view):
         plan = self.policy.schedule(now, view)
-        lane = getattr(self.policy, "lane", None)
+        late_ids = getattr(self.policy, "late_ids", None)
         self.log.append(Decision(now, tuple(plan.batch), tuple(plan.admit),
                                  tuple(plan.offload), tuple(plan.restore),
-                                 tuple(lane.ids()) if lane is not None else (),
+                                 late_ids() if late_ids is not None else (),
                                  len(view.active), len(view.waiting),
                                  decoding=tuple(d.request.id for d in view.decodes)))
         return plan

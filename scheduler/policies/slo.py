@@ -684,6 +684,13 @@ class SloPolicy(Policy):
                 return False
         return True
 
+    def late_ids(self) -> tuple[str, ...]:
+        """The ids of the requests set aside as late (given up for good, not yet finished):
+        in tail-lane order where the lane holds them (``tail="late"``), the rest by id.
+        (With ``tail="fifo"`` the lane holds every promised arrival, late or not.)"""
+        lane = tuple(i for i in self.lane.ids() if i in self._late)
+        return lane + tuple(sorted(self._late.difference(lane)))
+
     def observe(self, report: StepReport) -> None:
         super().observe(report)
         for rid in report.finished:

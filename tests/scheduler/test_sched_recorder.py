@@ -74,3 +74,29 @@ def test_a_timeline_shows_the_decisions_a_request_spent_decoding():
         ("waits", 1.0, 3), ("planned", 4.0, 1), ("runs", 5.0, 4), ("decodes", 9.0, 1)]
     rows = [d.as_row() for d in logged.log]
     assert [Decision.from_row(r) for r in rows] == logged.log
+
+
+@pytest.mark.parametrize("tail", ["late", "fifo"])
+def test_only_given_up_requests_wait_late(tail):
+    # slo, 1-s steps: a runs 0-4 s; b (due at 60.5 s) waits 1-3 s on time. With
+    # tail="fifo" the tail lane holds every arrival (a FIFO promise each), late or not.
+    cost = table_cost()
+    reqs = [req("a", 0.0, cost=cost), req("b", 0.5, cost=cost, slo_ms=60_000)]
+    logged = DecisionLog(make_policy("slo", cost.fresh(), tail=tail))
+    res = {r.request.id: r for r in simulate(reqs, logged).records}
+    assert all(r.finished <= r.request.deadline for r in res.values())
+    assert all(d.late == () for d in logged.log)
+    segs = timeline(logged.log, "b", 0.5, res["b"].finished)
+    assert [s.state for s in segs] == ["waits", "runs"]
+
+
+def test_a_given_up_request_waits_late():
+    # a (4 x 1-s steps, due at 3 s) cannot make it: slo gives it up at once and runs b
+    cost = table_cost()
+    reqs = [req("a", 0.0, cost=cost, slo_ms=3_000), req("b", 0.0, cost=cost, slo_ms=60_000)]
+    logged = DecisionLog(make_policy("slo", cost.fresh()))
+    res = {r.request.id: r for r in simulate(reqs, logged).records}
+    assert res["a"].finished > res["a"].request.deadline
+    assert logged.log[0].late == ("a",) and logged.log[0].batch == ("b",)
+    segs = timeline(logged.log, "a", 0.0, res["a"].finished)
+    assert segs[0].state == "waits late"
