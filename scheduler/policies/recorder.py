@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass
 class Decision:
     """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, the
     numbers of started (``active``) and ``waiting`` requests it saw, what the loop
-    reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s``, and the
-    ids of the pending tiled decodes it saw (``decoding``)."""
+    reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s`` (s; summed
+    over the chunks a block-preempted step continued without deciding again), and the ids
+    of the pending tiled decodes it saw (``decoding``)."""
 
     now: float
     batch: tuple[str, ...]
@@ -70,7 +71,13 @@ class DecisionLog:
 
     def observe(self, report) -> None:
         if self.log:
-            self.log[-1].ran, self.log[-1].step_s = tuple(report.batch), report.step_s
+            d = self.log[-1]
+            if d.ran is None:
+                d.ran, d.step_s = tuple(report.batch), report.step_s
+            else:  # a chunked step continued without a new decision (the simulator's block
+                # preemption between arrivals): its chunks are this decision's
+                d.ran += tuple(i for i in report.batch if i not in d.ran)
+                d.step_s += report.step_s
         inner = getattr(self.policy, "observe", None)
         if inner is not None:
             inner(report)

@@ -100,3 +100,16 @@ def test_a_given_up_request_waits_late():
     assert logged.log[0].late == ("a",) and logged.log[0].batch == ("b",)
     segs = timeline(logged.log, "a", 0.0, res["a"].finished)
     assert segs[0].state == "waits late"
+
+
+def test_a_chunked_steps_seconds_are_all_logged():
+    # block preemption: between arrivals the simulator continues a part-done step without
+    # deciding again; those chunks belong to the decision that started it. fifo runs one
+    # request at a time and the timings are exact, so the logged step seconds add up to
+    # every request's steps alone.
+    cost = CostModel.load("h200")
+    reqs = workload("seed-mix", cost, requests=20, seed=1, load=0.9)
+    logged = DecisionLog(make_policy("fifo", cost.fresh()))
+    simulate([dataclasses.replace(r) for r in reqs], logged, preemption="block")
+    alone = sum(r.steps * cost.step_time(r.model, [cost.tokens(r)]) for r in reqs)
+    assert sum(d.step_s or 0.0 for d in logged.log) == pytest.approx(alone, rel=1e-9)
