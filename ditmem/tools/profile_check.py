@@ -120,4 +120,6 @@ class ObservingPolicy:
             inner(report)
 
     def __getattr__(self, name):
+        if name == "_policy":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self._policy, name)

@@ -83,6 +83,8 @@ class DecisionLog:
             inner(report)
 
     def __getattr__(self, name):
+        if name == "policy":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.policy, name)
 
 

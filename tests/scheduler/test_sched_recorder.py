@@ -113,3 +113,19 @@ def test_a_chunked_steps_seconds_are_all_logged():
     simulate([dataclasses.replace(r) for r in reqs], logged, preemption="block")
     alone = sum(r.steps * cost.step_time(r.model, [cost.tokens(r)]) for r in reqs)
     assert sum(d.step_s or 0.0 for d in logged.log) == pytest.approx(alone, rel=1e-9)
+
+
+def test_a_logged_observed_policy_copies_and_pickles():
+    # the wrappers delegate unknown attributes; a copy or an unpickled one has none set yet
+    import copy
+    import pickle
+
+    from ditmem.tools.profile_check import ObservingPolicy
+
+    cost = table_cost()
+    reqs = [req("a", 0.0, cost=cost), req("b", 0.5, cost=cost)]
+    logged = DecisionLog(ObservingPolicy(make_policy("fifo", cost.fresh()), id))
+    for twin in (copy.deepcopy(logged), pickle.loads(pickle.dumps(logged))):
+        res = simulate([dataclasses.replace(r) for r in reqs], twin)
+        assert [r.finished for r in res.records] == pytest.approx([4.0, 8.0])
+        assert len(twin.log) == 8 and not logged.log
