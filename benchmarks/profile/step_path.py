@@ -92,9 +92,9 @@ def replay_fifo(gen, profile_path: str, args) -> dict:
     from ditmem.engine.factory import EngineConfig, make_policy_and_cost, make_pools
     from ditmem.engine.loop import Engine
     from ditmem.scheduler import CostModel
+    from ditmem.scheduler.policies.recorder import ObservingPolicy
     from ditmem.tools.demo import build_trace
     from ditmem.tools.demo_runs import warm_up
-    from ditmem.tools.profile_check import ObservingPolicy
     from ditmem.tools.replay import replay
 
     demo_args = SimpleNamespace(workload="seed-mix", load=args.load, requests=args.requests,

@@ -55,12 +55,8 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
                           max_queued=max(256, 2 * args.requests))
     policy, cost = make_policy_and_cost(name, args.profile)
     from ditmem.scheduler import CostModel
-    from ditmem.tools.profile_check import (
-        ObservingPolicy,
-        ProfileCheck,
-        observe_step_report,
-        observe_timing,
-    )
+    from ditmem.scheduler.policies.recorder import ObservingPolicy
+    from ditmem.tools.profile_check import ProfileCheck, observe_step_report, observe_timing
 
     check, as_measured = ProfileCheck(), CostModel.load(args.profile)
     policy = ObservingPolicy(policy, lambda rep: observe_step_report(check, rep, as_measured))

@@ -103,23 +103,3 @@ def observe_timing(check: ProfileCheck, request, timing, cost) -> None:
     """Add a completed request's encode and decode seconds (``Timing``) to ``check``."""
     check.add("encodes", timing.encode_s, cost.encode_time(request))
     check.add("decodes", timing.decode_s, cost.decode_time(request))
-
-
-class ObservingPolicy:
-    """A policy that hands every ``StepReport`` to ``on_report`` before the policy's own
-    ``observe`` (if any); everything else is the wrapped policy's."""
-
-    def __init__(self, policy, on_report) -> None:
-        self._policy = policy
-        self._on_report = on_report
-
-    def observe(self, report) -> None:
-        self._on_report(report)
-        inner = getattr(self._policy, "observe", None)
-        if inner is not None:
-            inner(report)
-
-    def __getattr__(self, name):
-        if name == "_policy":  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self._policy, name)

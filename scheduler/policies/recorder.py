@@ -1,7 +1,9 @@
 """A one-device policy wrapper that logs its decisions, to set a real run beside its replay.
 
-``DecisionLog(policy)`` decides exactly as ``policy`` (every other attribute and call, the
-loop's reports included, is the wrapped policy's) and keeps, per decision, the plan's
+``ObservingPolicy(policy, on_report)`` is ``policy`` with every loop report also handed to
+``on_report`` (the demo's profile check uses it). ``DecisionLog(policy)``, one such wrapper,
+decides exactly as ``policy`` (every other attribute and call, the loop's reports
+included, is the wrapped policy's) and keeps, per decision, the plan's
 batch, admits, offloads and restores, the ids the policy holds as late (its
 ``late_ids()``, when it has one: slo's given-up requests), how many requests were started
 and waiting, the ids whose tiled decodes were pending (``SchedulerView.decodes``), and —
@@ -52,16 +54,36 @@ class Decision:
                    row.get("step_s"), tuple(row.get("decoding", ())))
 
 
-class DecisionLog:
+class ObservingPolicy:
+    """A policy that hands every ``StepReport`` to ``on_report`` before the policy's own
+    ``observe`` (if any); everything else is the wrapped policy's."""
+
+    def __init__(self, policy, on_report) -> None:
+        self._policy = policy
+        self._on_report = on_report
+
+    def observe(self, report) -> None:
+        self._on_report(report)
+        inner = getattr(self._policy, "observe", None)
+        if inner is not None:
+            inner(report)
+
+    def __getattr__(self, name):
+        if name == "_policy":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self._policy, name)
+
+
+class DecisionLog(ObservingPolicy):
     """``policy`` with its decisions appended to ``self.log`` (module docstring)."""
 
     def __init__(self, policy) -> None:
-        self.policy = policy
+        super().__init__(policy, self._note_report)
         self.log: list[Decision] = []
 
     def schedule(self, now: float, view):
-        plan = self.policy.schedule(now, view)
-        late_ids = getattr(self.policy, "late_ids", None)
+        plan = self._policy.schedule(now, view)
+        late_ids = getattr(self._policy, "late_ids", None)
         self.log.append(Decision(now, tuple(plan.batch), tuple(plan.admit),
                                  tuple(plan.offload), tuple(plan.restore),
                                  late_ids() if late_ids is not None else (),
@@ -69,23 +91,17 @@ class DecisionLog:
                                  decoding=tuple(d.request.id for d in view.decodes)))
         return plan
 
-    def observe(self, report) -> None:
-        if self.log:
-            d = self.log[-1]
-            if d.ran is None:
-                d.ran, d.step_s = tuple(report.batch), report.step_s
-            else:  # a chunked step continued without a new decision (the simulator's block
-                # preemption between arrivals): its chunks are this decision's
-                d.ran += tuple(i for i in report.batch if i not in d.ran)
-                d.step_s += report.step_s
-        inner = getattr(self.policy, "observe", None)
-        if inner is not None:
-            inner(report)
-
-    def __getattr__(self, name):
-        if name == "policy":  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.policy, name)
+    def _note_report(self, report) -> None:
+        """What the loop reported on the last decision's plan."""
+        if not self.log:
+            return
+        d = self.log[-1]
+        if d.ran is None:
+            d.ran, d.step_s = tuple(report.batch), report.step_s
+        else:  # a chunked step continued without a new decision (the simulator's block
+            # preemption between arrivals): its chunks are this decision's
+            d.ran += tuple(i for i in report.batch if i not in d.ran)
+            d.step_s += report.step_s
 
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""scheduler.policies.recorder: a logged policy decides as the policy; timelines by hand."""
+"""scheduler.policies.recorder: an observed or logged policy decides as the policy; timelines
+by hand."""
 
 import dataclasses
 
@@ -6,7 +7,13 @@ import pytest
 from sched_factories import req, table_cost
 
 from ditmem.scheduler import CostModel, make_policy
-from ditmem.scheduler.policies.recorder import Decision, DecisionLog, describe, timeline
+from ditmem.scheduler.policies.recorder import (
+    Decision,
+    DecisionLog,
+    ObservingPolicy,
+    describe,
+    timeline,
+)
 from ditmem.scheduler.simulator import simulate
 from ditmem.scheduler.workloads import workload
 
@@ -120,8 +127,6 @@ def test_a_logged_observed_policy_copies_and_pickles():
     import copy
     import pickle
 
-    from ditmem.tools.profile_check import ObservingPolicy
-
     cost = table_cost()
     reqs = [req("a", 0.0, cost=cost), req("b", 0.5, cost=cost)]
     logged = DecisionLog(ObservingPolicy(make_policy("fifo", cost.fresh()), id))
@@ -129,3 +134,27 @@ def test_a_logged_observed_policy_copies_and_pickles():
         res = simulate([dataclasses.replace(r) for r in reqs], twin)
         assert [r.finished for r in res.records] == pytest.approx([4.0, 8.0])
         assert len(twin.log) == 8 and not logged.log
+
+
+def test_the_observing_policy_sees_every_report_and_passes_it_on():
+    seen, inner_seen = [], []
+
+    class Policy:
+        name = "slo"
+
+        def observe(self, r):
+            inner_seen.append(r)
+
+        def schedule(self, now, view):
+            return ("plan", now)
+
+    p = ObservingPolicy(Policy(), seen.append)
+    p.observe("r1")
+    assert seen == ["r1"] and inner_seen == ["r1"]
+    assert p.schedule(3, None) == ("plan", 3) and p.name == "slo"
+
+    class NoObserve:
+        pass
+
+    ObservingPolicy(NoObserve(), seen.append).observe("r2")
+    assert seen == ["r1", "r2"]

@@ -1,5 +1,5 @@
 """``ditmem demo --decisions`` on the real engine: each policy's decision log (the
-``DecisionLog`` around the engine's ``ObservingPolicy``) comes back from the replay
+``DecisionLog`` around the demo's profile-check ``ObservingPolicy``) comes back from the replay
 processes on the replay's clock, one logged step per request step."""
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from ditmem.scheduler import CostModel, Request
 from ditmem.scheduler.plan import StepReport
 from ditmem.tools.profile import build_profile
 from ditmem.tools.profile_check import (
-    ObservingPolicy,
     ProfileCheck,
     is_off,
     observe_step_report,
@@ -102,30 +101,6 @@ def test_step_reports_and_timings_against_the_profile():
     s = check.summary()
     assert s["encodes"]["ratio"] == pytest.approx(2.0)   # profile: 2 ms
     assert s["decodes"]["ratio"] == pytest.approx(3.0)   # profile: 2.5 s/MP x 64²
-
-
-def test_the_observing_policy_sees_every_report_and_passes_it_on():
-    seen, inner_seen = [], []
-
-    class Policy:
-        name = "slo"
-
-        def observe(self, r):
-            inner_seen.append(r)
-
-        def schedule(self, now, view):
-            return ("plan", now)
-
-    p = ObservingPolicy(Policy(), seen.append)
-    p.observe("r1")
-    assert seen == ["r1"] and inner_seen == ["r1"]
-    assert p.schedule(3, None) == ("plan", 3) and p.name == "slo"
-
-    class NoObserve:
-        pass
-
-    ObservingPolicy(NoObserve(), seen.append).observe("r2")
-    assert seen == ["r1", "r2"]
 
 
 class FakeClock:
