@@ -189,8 +189,8 @@ class TiledDecodes:
             self._credit = 0.0
             return late.rid
         if late is not None and spare > 0:
-            # the policy does not see pending decodes: those that can still make it keep
-            # their time out of the grant
+            # a policy need not count pending decodes (slo does only with see_decodes): those
+            # that can still make it keep their time out of the grant
             owed = sum(sum(d.units) for d in self._pending if now + sum(d.units) <= d.deadline)
             if spare - owed >= late.units[-1] - 1e-9:
                 return late.rid
