@@ -76,8 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one row per decision: now (s, the replay's clock), batch, admit, "
                         "offload, restore, late ids, active/waiting counts, ran (ids stepped; "
                         "null: no step report, e.g. a decode tile ran), step_s and the ids "
-                        "decoding (tiled decodes pending); one-device "
-                        "demo only; read by benchmarks/scheduler/demo_misses.py --decisions)")
+                        "decoding (tiled decodes pending); read by benchmarks/scheduler/"
+                        "demo_misses.py --decisions. With --devices N: per policy, 'run' "
+                        "and 'sim' (its simulator replay), each with 'decisions' (now, "
+                        "jobs [id, devices, last job, largest tier], placed, late, waiting, "
+                        "paused ids) and 'take_backs' (now, spares offered, granted); read "
+                        "by benchmarks/parallel/node_demo_misses.py)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--mode", choices=("parallel", "sequential"), default="parallel",
                    help="parallel (default): one process per policy, each pinned to its own "
@@ -170,10 +174,6 @@ def main(args) -> int:
     from ditmem.scheduler import CostModel
 
     if args.devices > 1:
-        if args.decisions:
-            print("ditmem demo: --decisions is for the one-device demo (--devices 1)",
-                  file=sys.stderr)
-            return 2
         from ditmem.tools.node_demo import main as node_main
 
         return node_main(args)

@@ -273,9 +273,20 @@ class _Progress:
             sys.stdout.write("\n")
 
 
+def logged(policy, trace, log: bool):
+    """``policy`` in a ``DecisionLog`` (large: the trace's largest tier) when ``log``."""
+    if not log:
+        return policy
+    from ditmem.scheduler.node.policies.recorder import DecisionLog
+
+    top = max(r.width * r.height for r in trace)
+    return DecisionLog(policy, lambda r: r.width * r.height >= top)
+
+
 def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
-               decode_tile=None) -> dict:
-    """Replay ``trace`` under ``name`` on the node's real devices."""
+               decode_tile=None, log: bool = False) -> dict:
+    """Replay ``trace`` under ``name`` on the node's real devices; with ``log``, the
+    row's ``decision_log`` holds its ``DecisionLog.rows()``."""
     from ditmem.parallel.devices import EngineDevices
     from ditmem.parallel.intake import LiveIntake, feed_trace
     from ditmem.scheduler.metrics import summarize
@@ -287,7 +298,7 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
 
     truth = NodeCost(cost)
     topo = Node(topo_devices, truth.links)
-    policy = make_node_policy(name, NodeCost(cost), topo)
+    policy = logged(make_node_policy(name, NodeCost(cost), topo), trace, log)
     devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
     counting = CountingDevices(devices, truth)
     tracked = TrackedDevices(counting, truth)
@@ -319,10 +330,12 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
                migrations=sum(r.migrations for r in result.records),
                parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary(),
                moves_breakdown=breakdown(devices.moves), **run_rows(result.records, counting))
+    if log:
+        out["decision_log"] = policy.rows()
     return out
 
 
-def predict(name: str, trace, cost, devices: int, seed: int) -> dict:
+def predict(name: str, trace, cost, devices: int, seed: int, log: bool = False) -> dict:
     """The node simulator on the same trace, timing noise on (3 %, seeded):
     ``summarize`` of its records and :func:`run_rows` (``per_request``, ``decisions``).
     ``simulate_node``'s run, its devices counted (:class:`CountingDevices`)."""
@@ -335,12 +348,15 @@ def predict(name: str, trace, cost, devices: int, seed: int) -> dict:
     from ditmem.scheduler.noise import TimingNoise
 
     topo = Node(devices, NodeCost(cost).links)
-    policy = make_node_policy(name, NodeCost(cost), topo)
+    policy = logged(make_node_policy(name, NodeCost(cost), topo), trace, log)
     truth = NodeCost(policy.ncost.cost, policy.ncost.parallel)  # as simulate_node's
     counting = CountingDevices(VirtualDevices(truth, TimingNoise(0.03, 0.0, seed), devices),
                                truth)
     result = run_node([dataclasses.replace(r) for r in trace], policy, counting, topo, truth)
-    return {**summarize(result.records), **run_rows(result.records, counting)}
+    out = {**summarize(result.records), **run_rows(result.records, counting)}
+    if log:
+        out["decision_log"] = policy.rows()
+    return out
 
 
 def limits(trace, cost, devices: int) -> dict:
@@ -438,12 +454,15 @@ def main(args) -> int:
         log(f"trace: {len(trace)} requests, rho {args.load} per device on {args.devices} "
             f"devices, spans {trace[-1].arrival:.0f} s")
         progress = _Progress(not args.no_progress)
-        rows = {}
+        rows, logs = {}, {}
         load_avg = {"start": os.getloadavg()[0]}
         for name in ("fifo", "slo"):
             rows[name] = run_policy(node, name, trace, cost, args.devices, progress,
-                                    args.decode_tile)
-            sim = predict(name, trace, cost, args.devices, args.seed)
+                                    args.decode_tile, log=bool(args.decisions))
+            sim = predict(name, trace, cost, args.devices, args.seed, log=bool(args.decisions))
+            if args.decisions:
+                logs[name] = {"run": rows[name].pop("decision_log"),
+                              "sim": sim["decision_log"]}
             rows[name].update(sim_slo_attainment=sim["slo_attainment"], sim_p95_s=sim["p95_s"],
                               sim_p99_s=sim["p99_s"], sim_per_request=sim["per_request"],
                               sim_decisions=sim["decisions"],
@@ -523,4 +542,8 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
         print(f"json: {args.json}")
+    if args.decisions:
+        with open(args.decisions, "w") as f:
+            json.dump(logs, f)
+        print(f"decisions: {args.decisions}")
     return 0

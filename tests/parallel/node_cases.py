@@ -43,12 +43,14 @@ def take_back_run(wrap: Callable, split_yield: bool) -> dict[str, float]:
     return {r.request.id: r.finished for r in take_back_records(wrap, split_yield)}
 
 
-def take_back_records(wrap: Callable, split_yield: bool) -> list:
+def take_back_records(wrap: Callable, split_yield: bool,
+                      wrap_policy: Callable = lambda policy: policy) -> list:
     """The records of node ``slo`` (split decodes, noise-free virtual devices wrapped by
     ``wrap``) on a lone 1024² whose decode splits over both devices once its 4 steps end,
     and a 256² arriving two of the spare's tiles later with a deadline 2.5 × its time
     alone: it misses waiting for the spare's tiles to end and meets it on the spare taken
-    back after the tile in progress."""
+    back after the tile in progress. ``wrap_policy`` wraps the policy (e.g. in a
+    ``DecisionLog``)."""
     from ditmem.scheduler import Request
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.device import VirtualDevices
@@ -70,4 +72,4 @@ def take_back_records(wrap: Callable, split_yield: bool) -> list:
     pol = make_node_policy("slo", NodeCost(truth.cost), topo, forecast=False,
                            split_decodes=True, split_yield=split_yield)
     devices = VirtualDevices(NodeCost(truth.cost), TimingNoise(0.0), 2)
-    return run_node([big, small], pol, wrap(devices), topo, truth).records
+    return run_node([big, small], wrap_policy(pol), wrap(devices), topo, truth).records

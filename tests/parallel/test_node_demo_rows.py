@@ -6,6 +6,8 @@ spare is taken back) — no engine needed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from node_cases import demo_truth, take_back_records, take_back_run
 
@@ -46,3 +48,88 @@ def test_decisions_are_counted_and_the_rows_agree_with_attainment():
         "run_only": ["small"], "sim_only": []}
     assert missed_apart(taken["per_request"], held["per_request"]) == {
         "run_only": [], "sim_only": ["small"]}
+
+
+def _logged(split_yield: bool):
+    from ditmem.scheduler.node.policies.recorder import DecisionLog
+
+    logs = []
+
+    def wrap_policy(policy):
+        logs.append(DecisionLog(policy, lambda r: r.width >= 1024))
+        return logs[-1]
+
+    records = {r.request.id: r for r in take_back_records(lambda d: d, split_yield, wrap_policy)}
+    return records, logs[0].rows()
+
+
+def test_the_decision_log_keeps_take_backs_late_ids_and_who_waited():
+    """The take-back case, logged (``ditmem demo --devices 2 --decisions``'s rows): the
+    256²'s arrival offers the 1024²'s spare (device 1); the yielding policy grants it and
+    then places the 256² on device 1 alone, on time. Without the yield nothing is asked,
+    and the 256² is placed only once the decode has ended, already counted late (it
+    misses)."""
+    yielded, rows = _logged(True)
+    small = yielded["small"].request
+    assert rows["take_backs"] == [{"now": small.arrival, "offered": [[1, "big"]],
+                                   "granted": [1]}]
+    first = next(d for d in rows["decisions"] if "small" in d["placed"])
+    assert first["now"] >= small.arrival
+    assert ["small", [1], True, False] in first["jobs"]  # alone on the taken-back spare
+    assert "small" in first["waiting"] and first["late"] == []
+    assert yielded["small"].finished <= small.deadline
+    # before the 256² arrives the 1024² is the only one, placed and never late
+    assert all(d["jobs"][0][:2] == ["big", [0, 1]] and not d["late"]
+               for d in rows["decisions"] if d["now"] < small.arrival)
+
+    held, rows = _logged(False)
+    assert rows["take_backs"] == []
+    placed = next(d for d in rows["decisions"] if "small" in d["placed"])
+    assert placed["late"] == ["small"]
+    assert placed["now"] > small.deadline - 0.1  # after the decode, too late to make it
+    assert held["small"].finished > small.deadline
+    json.dumps(rows)  # JSON-ready as the demo writes it
+
+
+def test_timelines_show_the_wait_behind_the_split_decode_and_the_tool_prints_them(tmp_path):
+    """The 256²'s timeline from the log: it waits behind the 1024²'s last job (its split
+    decode) from its arrival until it is placed — on the taken-back spare after the tile in
+    progress, or after the whole decode without the yield — then runs its one step and
+    decode. ``node_demo_misses.py`` prints the same from the demo's two files."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ditmem.scheduler.node.policies.recorder import from_rows, timeline
+
+    for split_yield in (True, False):
+        records, rows = _logged(split_yield)
+        small = records["small"]
+        placed = next(d["now"] for d in rows["decisions"] if "small" in d["placed"])
+        segs = timeline(from_rows(rows["decisions"]), "small", small.request.arrival,
+                        small.finished)
+        assert [(g.state, g.start, g.end) for g in segs] == [
+            ("wait (large decode)", small.request.arrival, placed),
+            ("last step + decode", placed, small.finished)]
+        assert segs[0].others == {"big": 1}
+    counted = []
+    records = take_back_records(lambda d: counted.append(CountingDevices(d, demo_truth()))
+                                or counted[-1], False)
+    held = run_rows(records, counted[0])
+    sim = _counted(True)[1]["per_request"]
+    run = [{"policy": "slo", **held, "sim_per_request": sim,
+            "missed_apart": missed_apart(held["per_request"], sim)}]
+    logs = {"slo": {"run": _logged(False)[1], "sim": _logged(True)[1]}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    (tmp_path / "d.json").write_text(json.dumps(logs))
+    tool = Path(__file__).resolve().parents[2] / "benchmarks/parallel/node_demo_misses.py"
+    out = subprocess.run([sys.executable, str(tool), str(tmp_path / "run.json"),
+                          str(tmp_path / "d.json"), "--timelines", "--json",
+                          str(tmp_path / "out.json")], capture_output=True, text=True,
+                         check=True).stdout
+    assert "take-backs run: asked 0" in out and "take-backs sim: asked 1, with a spare 1, " \
+        "granted 1" in out
+    rows = json.loads((tmp_path / "out.json").read_text())["requests"]
+    assert [r["id"] for r in rows] == ["small"]  # missed in the run only
+    assert [g["state"] for g in rows[0]["run_timeline"]] == [
+        "wait (large decode)", "last step + decode"]

@@ -42,12 +42,3 @@ def test_each_replays_decisions_on_the_replays_clock(tmp_path):
         assert all(set(d["ran"]) <= set(d["batch"]) for d in rows if d["ran"] is not None)
         if row["decode"][row["policy"]] == "tiled":  # a tile's iteration decides first
             assert {i for d in rows for i in d["decoding"]} == {q["id"] for q in row["per_request"]}
-
-
-def test_decisions_are_refused_with_two_devices(capsys):
-    from ditmem.cli import build_parser
-
-    parser, module = build_parser("demo")
-    args = parser.parse_args(["demo", "--devices", "2", "--decisions", "x.json"])
-    assert module.main(args) == 2
-    assert "--decisions" in capsys.readouterr().err

@@ -20,6 +20,7 @@ static baseline's whole-request job (fifo) shows as one ``last step + decode``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -31,11 +32,30 @@ from .base import NodePolicy
 @dataclass(slots=True)
 class Decision:
     """One decision: ``now`` (s); per request running or placed: (id, devices, last job?,
-    large?); ``placed`` holds the ids this decision's plan placed."""
+    large?); ``placed`` holds the ids this decision's plan placed; ``late``: the ids the
+    policy counted late in it (its ``late_ids()``, where it has one); ``waiting`` /
+    ``paused``: the ids not running then (waiting: the first ``WAITING_KEPT`` by arrival)."""
 
     now: float
     jobs: list[tuple[str, tuple[int, ...], bool, bool]] = field(default_factory=list)
     placed: set[str] = field(default_factory=set)
+    late: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    paused: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class TakeBack:
+    """One ``take_back`` the loop asked for at ``now`` (s): the spares offered, as
+    (device, id of the request whose split decode holds it), and the devices granted."""
+
+    now: float
+    offered: tuple[tuple[int, str], ...]
+    granted: tuple[int, ...]
+
+
+#: how many waiting ids (by arrival) a ``Decision`` keeps
+WAITING_KEPT = 32
 
 
 class DecisionLog(NodePolicy):
@@ -47,11 +67,15 @@ class DecisionLog(NodePolicy):
         self.name = policy.name
         self.large = large
         self.log: list[Decision] = []
+        self.take_backs: list[TakeBack] = []
         self.split_yield = getattr(policy, "split_yield", False)
 
     def schedule(self, view: NodeView) -> NodePlan:
         plan = self.policy.schedule(view)
-        d = Decision(view.now)
+        late_ids = getattr(self.policy, "late_ids", None)
+        d = Decision(view.now, late=late_ids() if late_ids is not None else (),
+                     waiting=tuple(r.id for r in view.waiting.iter_by("arrival", WAITING_KEPT)),
+                     paused=tuple(s.id for s in view.paused))
         for s in view.running:
             devices = s.group.devices if s.group is not None else ()
             d.jobs.append((s.id, tuple(devices), s.steps_left == 1, self.large(s.request)))
@@ -70,7 +94,21 @@ class DecisionLog(NodePolicy):
         return self.policy.split_decode(view, plan, assignment)
 
     def take_back(self, view: NodeView) -> list[int]:
-        return self.policy.take_back(view)
+        granted = self.policy.take_back(view)
+        self.take_backs.append(TakeBack(view.now, tuple((x.device, x.request.id)
+                                                        for x in view.spares), tuple(granted)))
+        return granted
+
+    def rows(self) -> dict[str, list[dict]]:
+        """The log as JSON-ready rows: ``decisions`` (one per :class:`Decision`; jobs as
+        ``[id, devices, last, large]``, ``placed`` sorted) and ``take_backs``."""
+        return {"decisions": [{"now": d.now, "jobs": [[i, list(ds), last, large]
+                                        for i, ds, last, large in d.jobs],
+                               "placed": sorted(d.placed), "late": list(d.late),
+                               "waiting": list(d.waiting), "paused": list(d.paused)}
+                              for d in self.log],
+                "take_backs": [{"now": t.now, "offered": [list(o) for o in t.offered],
+                                "granted": list(t.granted)} for t in self.take_backs]}
 
     def observe(self, report) -> None:
         self.policy.observe(report)
@@ -115,3 +153,62 @@ def time_split(log: list[Decision], records: Iterable, chosen: Callable,
             split["wait (idle)"] = split.get("wait (idle)", 0.0) + wait
         out[q.id] = split
     return out
+
+
+@dataclass(slots=True)
+class Segment:
+    """Consecutive decisions in which a request was in one ``state`` (``_state``'s, with
+    ``late`` added to a wait the policy counted late): from ``start`` to ``end`` (s: the
+    first decision of the next segment, or the request's finish), over ``decisions``
+    decisions; ``others`` counts, per id, the decisions in which another request held
+    devices (running or placed)."""
+
+    state: str
+    start: float
+    end: float
+    decisions: int
+    others: Counter
+
+
+def from_rows(rows: list[dict]) -> list[Decision]:
+    """``DecisionLog.rows()["decisions"]`` (e.g. read back from JSON) as decisions."""
+    return [Decision(r["now"], [(i, tuple(ds), last, large) for i, ds, last, large in r["jobs"]],
+                     set(r["placed"]), tuple(r["late"]), tuple(r["waiting"]), tuple(r["paused"]))
+            for r in rows]
+
+
+def timeline(log: list[Decision], rid: str, arrival: float, finished: float) -> list[Segment]:
+    """What ``rid`` did from ``arrival`` to ``finished`` (s): each decision holds from its
+    ``now`` to the next one's (as :func:`time_split`), so a wait that began before any
+    decision about ``rid`` shows with the devices held then. Consecutive decisions in one
+    state are one segment."""
+    segments: list[Segment] = []
+    for k, d in enumerate(log):
+        end = log[k + 1].now if k + 1 < len(log) else finished
+        lo, hi = max(d.now, arrival), min(end, finished)
+        if hi <= lo:
+            continue
+        state = _state(d, rid)
+        if state.startswith("wait") and rid in d.late:
+            state = "late " + state
+        if segments and segments[-1].state == state:
+            seg = segments[-1]
+            seg.end = hi
+        else:
+            seg = Segment(state, lo, hi, 0, Counter())
+            segments.append(seg)
+        seg.decisions += 1
+        seg.others.update(j[0] for j in d.jobs if j[0] != rid)
+    return segments
+
+
+def describe(segments: list[Segment], top: int = 3) -> str:
+    """One line per segment: ``start–end state (n decisions)``, with the ids that held
+    devices most while the request waited."""
+    lines = []
+    for s in segments:
+        line = f"{s.start:8.2f}–{s.end:8.2f} {s.state:<34} ({s.decisions})"
+        if "wait" in s.state and s.others:
+            line += " held: " + ", ".join(f"{i}×{n}" for i, n in s.others.most_common(top))
+        lines.append(line)
+    return "\n".join(lines)

@@ -260,6 +260,8 @@ class NodeSloPolicy(NodePolicy):
         self._until: list[float] = []
         self._now = 0.0
         self._due: list[_Cand] = []
+        #: ids counted late in the last decision (``late_ids``)
+        self._late: tuple[str, ...] = ()
         self._static: dict[str, tuple] = {}
         self.guard = guard
         self.guard_degree = guard_degree
@@ -381,6 +383,11 @@ class NodeSloPolicy(NodePolicy):
                 return d
         return self.node.degrees[-1]
 
+    def late_ids(self) -> tuple[str, ...]:
+        """The ids the last decision counted late: not able to meet their deadline at the
+        node's largest degree, or set aside by the give-up rule (running ones included)."""
+        return self._late
+
     def schedule(self, view: NodeView) -> NodePlan:
         now = view.now
         if self.guard:
@@ -412,6 +419,7 @@ class NodeSloPolicy(NodePolicy):
         ontime = [c for c in cands + running if not c.late]
         ontime.sort(key=lambda c: (c.req.deadline, c.req.arrival))
         everyone = self._classify(now, ontime)  # on time, running ones included
+        self._late = tuple(c.req.id for c in cands + running if c.late)
         ontime = [c for c in everyone if not isinstance(c.item, NodeStatus) or not c.item.running]
         self._due = ontime
         late = sorted((c for c in cands if c.late), key=lambda c: self._late_key(now, c))

@@ -1,0 +1,102 @@
+"""Which requests a real two-device ``ditmem demo`` lost that its simulator replay kept, and
+what each did decision by decision in both (issue 16).
+
+Reads the demo's JSON (``ditmem demo --devices 2 --json RUN.json``: ``per_request`` and
+``sim_per_request`` rows, ``missed_apart``) and its decision log (``--decisions D.json``:
+per policy, the run's and the replay's ``DecisionLog.rows()``), and prints per policy:
+
+* the decisions and take-backs in each (spares offered, granted), and for the run the
+  requests that were waiting when a take-back was asked;
+* one row per request missed apart (or each ``--ids``): shape, priority, arrival, deadline,
+  start / finish / preemptions in the run beside the replay's;
+* with ``--timelines``, each such request's timeline in the run and in the replay
+  (``scheduler.node.policies.recorder.timeline``): when it ran, at which degree, when it
+  waited (late or not) and who held the devices meanwhile.
+
+    python benchmarks/parallel/node_demo_misses.py RUN.json D.json [--policy slo]
+        [--ids r00051,r00058] [--timelines] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ditmem.scheduler.node.policies.recorder import describe, from_rows, timeline
+
+
+def take_back_summary(rows: dict) -> dict:
+    """Counts over one log's ``take_backs``: asked, with a spare offered, granted."""
+    tb = rows["take_backs"]
+    return {"asked": len(tb), "offered": sum(bool(t["offered"]) for t in tb),
+            "granted": sum(len(t["granted"]) for t in tb)}
+
+
+def request_row(q: dict, s: dict) -> str:
+    return (f"{q['id']} {q['shape']:>9} p{q['priority']} arr {q['arrival_s']:7.2f} "
+            f"dl {q['deadline_s']:7.2f} | run start {q['started_s']:7.2f} fin "
+            f"{q['finished_s']:7.2f} pre {q['preemptions']} {'met' if q['met'] else 'MISS'} | "
+            f"sim start {s['started_s']:7.2f} fin {s['finished_s']:7.2f} pre "
+            f"{s['preemptions']} {'met' if s['met'] else 'MISS'}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="ditmem demo --devices 2 --json file")
+    ap.add_argument("decisions", help="its --decisions file")
+    ap.add_argument("--policy", default="slo", help="fifo or slo (default slo)")
+    ap.add_argument("--ids", default=None, help="comma-separated ids (default: missed apart)")
+    ap.add_argument("--timelines", action="store_true", help="print each one's timeline")
+    ap.add_argument("--json", default=None, help="write the rows and timelines here")
+    args = ap.parse_args(argv)
+    with open(args.run) as f:
+        rows = {r["policy"]: r for r in json.load(f)}
+    with open(args.decisions) as f:
+        logs = json.load(f)
+    if args.policy not in rows or args.policy not in logs:
+        print(f"node_demo_misses: --policy {args.policy!r}: not in both files "
+              f"({sorted(rows)} / {sorted(logs)})", file=sys.stderr)
+        return 2
+    row, log = rows[args.policy], logs[args.policy]
+    real = {q["id"]: q for q in row["per_request"]}
+    sim = {q["id"]: q for q in row["sim_per_request"]}
+    if args.ids:
+        ids = [i.strip() for i in args.ids.split(",") if i.strip()]
+        unknown = [i for i in ids if i not in real]
+        if unknown:
+            print(f"node_demo_misses: --ids: unknown {unknown}", file=sys.stderr)
+            return 2
+    else:
+        ids = row["missed_apart"]["run_only"] + row["missed_apart"]["sim_only"]
+    out = {"policy": args.policy, "take_backs": {}, "requests": []}
+    print(f"policy {args.policy}: decisions run {len(log['run']['decisions'])}, "
+          f"sim {len(log['sim']['decisions'])}")
+    for side in ("run", "sim"):
+        s = take_back_summary(log[side])
+        out["take_backs"][side] = s
+        print(f"  take-backs {side}: asked {s['asked']}, with a spare {s['offered']}, "
+              f"granted {s['granted']}")
+    runs = {side: from_rows(log[side]["decisions"]) for side in ("run", "sim")}
+    for rid in ids:
+        q, s = real[rid], sim[rid]
+        print(request_row(q, s))
+        item = {"id": rid, "run": q, "sim": s}
+        if args.timelines:
+            for side, rec in (("run", q), ("sim", s)):
+                segs = timeline(runs[side], rid, rec["arrival_s"], rec["finished_s"])
+                print(f"  {side}:\n" + "\n".join("    " + line
+                                                 for line in describe(segs).splitlines()))
+                item[f"{side}_timeline"] = [
+                    {"state": g.state, "start": g.start, "end": g.end,
+                     "decisions": g.decisions, "held": dict(g.others.most_common(5))}
+                    for g in segs]
+        out["requests"].append(item)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
