@@ -3,11 +3,12 @@
     ditmem sim --workload seed-mix --policy fifo,srtf,slo --load 0.8 --device h200 \\
                [--arrival poisson|gamma:CV] [--requests N] [--seed S] [--seeds K] \\
                [--slo-scale 3] [--json OUT] [--sweep [--plot OUT.png]] [--bound]
-               [--preemption step|block [--block-chunk K]] [--noise SIGMA] [--bias B]
+               [--preemption step|block [--block-chunk K]] [--noise SIGMA]
+               [--bias B | --bias KIND[:CLASS]=B,...]
 
 Prints one row per policy. ``--json`` writes a list of objects (one per policy and load)
 with ``policy, workload, load, device, requests, slo_attainment, p50_s, p95_s, p99_s,
-max_s, mean_s, noise, bias, preemptions, per_priority`` ({"0","1","2"} →
+max_s, mean_s, noise, bias, bias_by, preemptions, per_priority`` ({"0","1","2"} →
 {slo_attainment, p95_s, p99_s}) and more. ``--sweep`` runs ρ = 0.5 … 0.95, draws
 attainment and P95 against load (PNG) and prints each policy's goodput (highest load
 holding ≥ 99 % attainment, by bisection).
@@ -23,7 +24,7 @@ from pathlib import Path
 from .bound import clairvoyant_misses, min_misses
 from .cost import CostModel
 from .experiment import Scenario, goodput, measured_load, plot_sweep, run_point
-from .noise import DEFAULT_SIGMA, TimingNoise
+from .noise import DEFAULT_SIGMA, KINDS, TimingNoise, parse_bias
 from .policies import POLICIES
 from .profiles import ProfileError
 from .traces import TraceError, load_trace
@@ -99,10 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--bias",
-        type=float,
-        default=0.0,
+        type=bias_arg,
+        default="0",
+        metavar="B|KIND[:CLASS]=B,...",
         help="systematic timing error of the simulated device (0.1: 10 %% slower than the "
-        "profile; the policy only learns it through its online correction)",
+        "profile; the policy only learns it through its online correction). By kind and "
+        f"class: KIND one of {', '.join(KINDS)}; CLASS a shape (step:2048x2048, "
+        "decode:1280x720x81), a node step's degree (step:d2) or a node move's kind "
+        "(move:peer); a class's bias multiplies its kind's, a bare number is the bias of "
+        "every kind not listed (e.g. 0.05,move=1.42,step:d2=-0.1)",
     )
     parser.add_argument(
         "--devices",
@@ -136,6 +142,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --replicas: seconds between the replicas' reports to the router",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def bias_arg(text: str) -> str:
+    """``--bias``'s argparse type: the text, once ``noise.parse_bias`` accepts it (its
+    ValueError, naming the bad item, becomes the usage error)."""
+    try:
+        parse_bias(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def split_bias(value: str | float) -> tuple[float, dict[str, float]]:
+    """``--bias``'s value (text, or a number) as (plain bias, bias by kind and class)."""
+    if isinstance(value, str):
+        return parse_bias(value)
+    return float(value), {}
 
 
 def parse_options(items: list[str]) -> dict[str, dict]:
@@ -185,9 +208,10 @@ def _scenario(args) -> Scenario:
         decode=args.decode,
         noise=args.noise,
         bias=args.bias,
+        bias_by=args.bias_by,
     )
     try:
-        TimingNoise(args.noise, args.bias)
+        TimingNoise(args.noise, args.bias, 0, args.bias_by)
     except ValueError as exc:
         raise ValueError(f"--noise/--bias: {exc}") from None
     if args.workload:
@@ -251,7 +275,13 @@ def write_rows(rows: list[dict], path: str | None) -> int:
 
 
 def main(args) -> int:
+    try:
+        args.bias, args.bias_by = split_bias(args.bias)
+    except ValueError as exc:
+        return fail(exc)
     if getattr(args, "replicas", None) is not None:
+        if args.bias_by:
+            return fail("--bias KIND[:CLASS]=B: not supported with --replicas (give one number)")
         from .cluster_cli import cluster_main
 
         return cluster_main(args)

@@ -26,8 +26,8 @@ class Scenario:
 
     Either ``workload`` (a name) or ``trace`` (parsed requests; ``trace_timed`` when they
     carry timestamps, in which case the load is the trace's own and ``load`` is ignored).
-    ``noise`` and ``bias``: the simulated device's timing error around the profile
-    (``TimingNoise``, seeded per trace seed; 0 and 0: exact).
+    ``noise``, ``bias`` and ``bias_by``: the simulated device's timing error around the
+    profile (``TimingNoise``, seeded per trace seed; 0, 0 and none: exact).
     """
 
     cost: CostModel
@@ -46,10 +46,11 @@ class Scenario:
     block_chunk: int | None = None
     noise: float = DEFAULT_SIGMA
     bias: float = 0.0
+    bias_by: dict[str, float] = field(default_factory=dict)
 
     def timing_noise(self, seed: int) -> TimingNoise:
         """The device's timing noise for the trace of ``seed`` (the same for every policy)."""
-        return TimingNoise(sigma=self.noise, bias=self.bias, seed=seed)
+        return TimingNoise(sigma=self.noise, bias=self.bias, seed=seed, bias_by=self.bias_by)
 
     def requests_for(self, load: float, seed: int) -> list[Request]:
         """The request list for one seed at ``load``."""
@@ -128,6 +129,7 @@ def run_point(
         "block_chunk": scenario.block_chunk,
         "noise": scenario.noise,
         "bias": scenario.bias,
+        "bias_by": dict(scenario.bias_by),
         "chunks": chunks,
         "parks": parks,
         "link_busy_s": link_s,

@@ -1,24 +1,59 @@
 """Timing noise: the simulator's truth drawn around the profile's prediction.
 
-A policy plans with its cost model; the simulated device takes ``TimingNoise.draw(predicted)``
-seconds instead, so the policy meets timing error as on a real machine and learns only through
-its online correction. The draw is lognormal around a systematic bias:
+A policy plans with its cost model; the simulated device takes ``TimingNoise.draw(predicted,
+kind, key)`` seconds instead, so the policy meets timing error as on a real machine and
+learns only through its online correction. The draw is lognormal around a systematic bias:
 
-    true = predicted * (1 + bias) * exp(sigma * z - sigma**2 / 2),   z ~ N(0, 1)
+    true = predicted * factor * exp(sigma * z - sigma**2 / 2),   z ~ N(0, 1)
 
-so ``E[true] = predicted * (1 + bias)`` and the spread is ``sigma`` (3 % by default, the jitter
+so ``E[true] = predicted * factor`` and the spread is ``sigma`` (3 % by default, the jitter
 measured between repeats of one step on this project's machines). ``sigma = 0, bias = 0`` is the
 old noiseless simulation (the truth is the policy's own model).
+
+**Drift by kind and class.** Real devices drift apart by kind of work and by shape (session
+10's two-device run: moves ×2.42 the profile, encodes ×1.29, degree-2 steps ×0.90), so the
+factor is
+
+    factor = (1 + b_kind) * prod(1 + b_kind:class  for each of the draw's classes listed)
+
+where ``b_kind = bias_by[kind]`` when ``kind`` is listed, else the plain ``bias``; a listed
+class's bias is *on top of* its kind's (``{"step:d2": -0.1}`` alone: degree-2 steps ×0.90;
+with ``bias=0.1`` too: ×0.99). Unlisted kinds and classes get the plain bias only, so a noise
+with an empty ``bias_by`` draws exactly what it drew before ``bias_by`` existed.
+
+Keys (``bias_by``): ``KIND`` or ``KIND:CLASS``, ``KIND`` one of :data:`KINDS`:
+
+* ``step``: a denoising step (or a chunk of one), classes: its shape (``shape_class`` of its
+  largest member: ``"1024x1024"``, a video ``"1280x720x81"``) and, on a node, its degree
+  (``"d2"``);
+* ``encode``, ``decode``: a request's prompt encode and VAE decode, class: its shape;
+* ``move``: a copy of paused state, class on a node: the move's kind (``"offload"``,
+  ``"restore"``, ``"peer"``, ``"host"``); one device's host-link copies have no class.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 #: Lognormal spread of a simulated duration around its prediction when none is given.
 DEFAULT_SIGMA = 0.03
+#: The kinds of work a draw names (``TimingNoise.draw``'s ``kind``; ``bias_by``'s keys).
+KINDS = ("step", "encode", "decode", "move")
+
+
+def shape_class(request) -> str:
+    """A request's shape class: ``"WxH"`` (one frame) or ``"WxHxF"`` (pixels, frames)."""
+    w, h, f = request.width, request.height, request.frames
+    return f"{w}x{h}" if f == 1 else f"{w}x{h}x{f}"
+
+
+def step_class(requests: Iterable) -> str:
+    """A packed step's shape class: its largest member's (most pixels × frames; the first
+    of equals), as the cost model names a mixed decode by its largest."""
+    return shape_class(max(requests, key=lambda r: r.width * r.height * r.frames))
 
 
 @dataclass(slots=True)
@@ -26,30 +61,91 @@ class TimingNoise:
     """Seeded lognormal jitter with a systematic bias (see the module docstring).
 
     ``sigma``: standard deviation of ``log(true / predicted)``, >= 0; ``bias``: the mean
-    relative error, > -1 (0.1 = the machine is 10 % slower than the profile says); ``seed``:
-    the draws repeat exactly for the same seed and call order.
+    relative error of every kind not in ``bias_by``, > -1 (0.1 = the machine is 10 % slower
+    than the profile says); ``seed``: the draws repeat exactly for the same seed and call
+    order; ``bias_by``: mean relative errors by ``KIND`` or ``KIND:CLASS`` (module
+    docstring), each > -1.
     """
 
     sigma: float = DEFAULT_SIGMA
     bias: float = 0.0
     seed: int = 0
+    bias_by: Mapping[str, float] = field(default_factory=dict)
     _rng: random.Random = field(init=False, repr=False)
+    _kind: dict[str, float] = field(init=False, repr=False)
+    _class: dict[tuple[str, str], float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (self.sigma >= 0 and math.isfinite(self.sigma)):
             raise ValueError(f"sigma: a finite number >= 0, got {self.sigma!r}")
         if not (self.bias > -1 and math.isfinite(self.bias)):
             raise ValueError(f"bias: a finite number > -1, got {self.bias!r}")
+        self.bias_by = dict(self.bias_by)
+        self._kind, self._class = {}, {}
+        for key, value in self.bias_by.items():
+            kind, sep, cls = str(key).partition(":")
+            if kind not in KINDS or (sep and not cls):
+                raise ValueError(
+                    f"bias_by key {key!r}: expected KIND or KIND:CLASS, KIND one of "
+                    f"{', '.join(KINDS)}"
+                )
+            if not (isinstance(value, (int, float)) and value > -1 and math.isfinite(value)):
+                raise ValueError(f"bias_by[{key!r}]: a finite number > -1, got {value!r}")
+            if sep:
+                self._class[(kind, cls)] = 1.0 + value
+            else:
+                self._kind[kind] = 1.0 + value
         self._rng = random.Random(self.seed)
 
     @property
     def exact(self) -> bool:
         """True when every draw returns its prediction unchanged."""
-        return self.sigma == 0 and self.bias == 0
+        return self.sigma == 0 and self.bias == 0 and not any(self.bias_by.values())
 
-    def draw(self, predicted: float) -> float:
-        """One true duration (seconds) for a predicted one (seconds, >= 0)."""
+    def factor(self, kind: str | None = None, key: str | Iterable[str] = ()) -> float:
+        """The mean true / predicted ratio of a draw of ``kind`` with classes ``key`` (one
+        class or several; module docstring). ``kind`` None: the plain ``1 + bias``."""
+        factor = self._kind.get(kind, 1.0 + self.bias) if kind is not None else 1.0 + self.bias
+        if self._class and kind is not None:
+            for cls in (key,) if isinstance(key, str) else key:
+                extra = self._class.get((kind, cls))
+                if extra is not None:
+                    factor *= extra
+        return factor
+
+    def draw(self, predicted: float, kind: str | None = None,
+             key: str | Iterable[str] = ()) -> float:
+        """One true duration (seconds) for a predicted one (seconds, >= 0) of ``kind`` (one
+        of :data:`KINDS`; None: the plain bias) and its classes ``key``."""
         if self.exact or predicted <= 0:
             return predicted
         z = self._rng.gauss(0.0, 1.0) if self.sigma else 0.0
-        return predicted * (1.0 + self.bias) * math.exp(self.sigma * z - self.sigma**2 / 2)
+        return predicted * self.factor(kind, key) * math.exp(self.sigma * z - self.sigma**2 / 2)
+
+
+def parse_bias(text: str) -> tuple[float, dict[str, float]]:
+    """A ``--bias`` value as (plain bias, bias_by): ``"0.1"`` → (0.1, {}); ``"step:2048x2048=
+    0.1,move=1.42"`` → (0.0, {...}); a bare number among the items (``"0.05,encode=0.29"``)
+    is the plain bias. ValueError naming the bad item."""
+    plain, by = 0.0, {}
+    items = [t.strip() for t in str(text).split(",")]
+    if not any(items):
+        raise ValueError(f"--bias: expected B or KIND[:CLASS]=B,..., got {text!r}")
+    seen_plain = False
+    for item in items:
+        key, sep, value = item.rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--bias item {item!r}: {value!r} is not a number") from None
+        if not sep:
+            if seen_plain:
+                raise ValueError(f"--bias item {item!r}: a second plain bias")
+            plain, seen_plain = number, True
+            continue
+        key = key.strip()
+        if key in by:
+            raise ValueError(f"--bias item {item!r}: {key!r} given twice")
+        by[key] = number
+    TimingNoise(0.0, plain, 0, by)  # validates every key and value (names the bad one)
+    return plain, by

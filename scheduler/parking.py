@@ -50,7 +50,7 @@ class HostLink:
         drawn by ``noise``, a ``TimingNoise``, around the cost model's when one is given)."""
         seconds = self.cost.transfer_time(nbytes)
         if self.noise is not None:
-            seconds = self.noise.draw(seconds)
+            seconds = self.noise.draw(seconds, "move")
         start = max(now, self.free_at)
         self.free_at = start + seconds
         self.busy_s += seconds

@@ -13,7 +13,7 @@ from .block_step import BlockPlanError, run_chunk
 from .cost import CostModel
 from .decode_lane import DECODE_MODES, LATE_SHARE, DecodeLane, TiledDecodes, step_deadline
 from .loop import mid_step, preempted, run_stages
-from .noise import TimingNoise
+from .noise import TimingNoise, shape_class, step_class
 from .parking import HostLink, Parking
 from .plan import MemoryState, PendingDecode, SchedulerView, StepPlan, StepReport
 from .policies.base import Policy
@@ -180,7 +180,7 @@ class _Engine:
             self.waiting.remove(rid)
             self.free -= pages
             self.active[rid] = RequestStatus(req, started_at=it.now, pages=pages)
-            it.encode_s += self.noise.draw(truth.encode_time(req))
+            it.encode_s += self.noise.draw(truth.encode_time(req), "encode", shape_class(req))
             it.encoded.append(req)
 
     def step(self, rids: Sequence[str], steps: int, blocks: int | None) -> list[str]:
@@ -201,10 +201,12 @@ class _Engine:
             # The preemption point's overhead is not step compute (the cost model's feedback
             # compares step_s with predicted block time).
             it.transfer_s += out.wait_s
-            it.step_s, it.overhead_s = self.noise.draw(out.compute_s), out.overhead_s
+            it.step_s = self.noise.draw(out.compute_s, "step", _step_key(members))
+            it.overhead_s = out.overhead_s
             stepped, it.blocks = out.stepped, out.blocks
         else:
-            it.step_s = self.noise.draw(truth.step_time(model, tokens)) if members else 0.0
+            it.step_s = (self.noise.draw(truth.step_time(model, tokens), "step", _step_key(members))
+                         if members else 0.0)
             stepped = members
         finished = it.finished
         for s in stepped:
@@ -217,7 +219,9 @@ class _Engine:
         if not self.inline_decode:
             return  # the decode lane or the tiles run it after the iteration
         for rid in rids:
-            self.it.decode_s += self.noise.draw(self.cost.decode_time(self.active[rid].request))
+            req = self.active[rid].request
+            self.it.decode_s += self.noise.draw(self.cost.decode_time(req), "decode",
+                                                shape_class(req))
 
     def _relocate(self, s: RequestStatus, to: Location) -> None:
         """Account ``s``'s pages moving to ``to`` (the host or the device)."""
@@ -393,10 +397,12 @@ def simulate(
                 record(s, now)
                 continue
             decoding[s.id] = s
+            cls = shape_class(s.request)
             if lane is not None:
-                lane.push(s.id, s.request.deadline, noise.draw(truth.decode_time(s.request)))
+                lane.push(s.id, s.request.deadline,
+                          noise.draw(truth.decode_time(s.request), "decode", cls))
             else:
-                pieces = [noise.draw(t) for t in truth.decode_tiles(s.request)]
+                pieces = [noise.draw(t, "decode", cls) for t in truth.decode_tiles(s.request)]
                 tiles.push(s.id, s.request.deadline, pieces)
         if progress is not None and (decoded or (finished and lane is None and tiles is None)):
             progress(len(records), total)
@@ -453,6 +459,11 @@ def _deadlines(eng: _Engine, plan: StepPlan) -> list[float]:
 def _running_part_done(eng: _Engine, last_batch: tuple[str, ...]) -> bool:
     """Whether the last iteration ran a step that is still part-done (``loop.mid_step``)."""
     return mid_step([eng.active.get(rid) for rid in last_batch])
+
+
+def _step_key(members: list[RequestStatus]) -> str:
+    """A step's class for the timing noise: its largest member's shape (``step_class``)."""
+    return step_class(s.request for s in members) if members else ""
 
 
 def _check_batch(members: list[RequestStatus], cost: CostModel) -> str:

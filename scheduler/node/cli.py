@@ -2,7 +2,8 @@
 
     ditmem sim --workload seed-mix --devices 8 --policy fifo,srtf,elastic-np,slo \\
                [--baseline-degree 1[,2,4,8]] --load 0.7 --device h200 --seeds 5 \\
-               [--noise 0.03] [--bias 0] [--bound] [--json OUT] [--sweep --plot OUT.png]
+               [--noise 0.03] [--bias 0 | KIND[:CLASS]=B,...] [--bound] [--json OUT] \\
+               [--sweep --plot OUT.png]
 
 On D devices ``--load ρ`` is arrival rate × mean standalone time at degree 1 ÷ D. ``fifo``
 and ``srtf`` run on D/d static replicas of degree d (``--baseline-degree``, a comma list
@@ -67,7 +68,7 @@ def node_main(args, options: dict[str, dict]) -> int:
             raise ValueError("--devices needs --workload (traces are not supported on a node yet)")
         if args.preemption != "step" or args.decode != "inline":
             raise ValueError("--devices supports --preemption step and --decode inline only")
-        TimingNoise(args.noise, args.bias)
+        TimingNoise(args.noise, args.bias, 0, args.bias_by)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         unknown = [p for p in policies if p not in NODE_POLICIES]
         if unknown or not policies:
@@ -88,6 +89,7 @@ def node_main(args, options: dict[str, dict]) -> int:
             bias=args.bias,
             policy_options=options,
             per_request=bool(args.json),
+            bias_by=args.bias_by,
         )
         runs = [(p, d) for p in policies for d in (degrees if p in STATIC else [1])]
         loads = list(SWEEP_LOADS) if args.sweep else [args.load]

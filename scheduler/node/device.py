@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..loop import Stages, run_stages
-from ..noise import TimingNoise
+from ..noise import TimingNoise, shape_class, step_class
 from ..request import Request
 from .cost import NodeCost, busy_until, move_mask
 from .topology import Group
@@ -293,7 +293,7 @@ class _VirtualJob(JobStages):
 
     def _move(self, mv: Move, secs: float) -> None:
         begin = busy_until(move_mask(mv.src, mv.dst), self.busy, self.clock)
-        secs = self.draw(secs)
+        secs = self.draw(secs, "move", mv.kind)
         self.timings.wait_s += begin - self.clock
         self.timings.transfer_s += secs
         self.timings.move_s.append(secs)
@@ -313,7 +313,8 @@ class _VirtualJob(JobStages):
 
     def encode(self, rids: list[str]) -> None:
         cost, draw = self.truth.cost, self.draw
-        durations = [draw(cost.encode_time(self.requests[rid])) for rid in rids]
+        durations = [draw(cost.encode_time(r), "encode", shape_class(r))
+                     for r in (self.requests[rid] for rid in rids)]
         self.timings.encode_s = spread(durations, self.job.group.degree)
 
     def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
@@ -322,7 +323,8 @@ class _VirtualJob(JobStages):
             model = job.batch[0].model
             tokens = [truth.cost.tokens(r) for r in job.batch]
             step = truth.step_time(model, tokens, job.group.degree) / truth.correction(model)
-            self.timings.step_s = sum(self.draw(step) for _ in range(steps))
+            key = (step_class(job.batch), f"d{job.group.degree}")
+            self.timings.step_s = sum(self.draw(step, "step", key) for _ in range(steps))
         return [r.id for r in job.decodes]
 
     def decode(self, rids: list[str]) -> None:
@@ -332,7 +334,9 @@ class _VirtualJob(JobStages):
         for r, ds in zip(job.decodes, sets, strict=True):
             if len(ds) == 1:
                 secs, blend = self.truth.decode_parts(r, 1)
-                parts.append(([draw(s) for s in secs], draw(blend) if blend else 0.0))
+                cls = shape_class(r)
+                parts.append(([draw(s, "decode", cls) for s in secs],
+                              draw(blend, "decode", cls) if blend else 0.0))
                 self.timings.decodes.append((r.id, 1, sum(parts[-1][0])))
                 continue
             # the decode's factor from the main stream (one draw, as a whole decode's), each
@@ -340,10 +344,10 @@ class _VirtualJob(JobStages):
             # shift the other durations' draws (common random numbers across variants)
             tiles, blend = self.truth.decode_tile_parts(r, len(ds))
             if len(tiles) == 1:  # one tile: whole, on its lane
-                parts.append(([draw(tiles[0][0])], 0.0))
+                parts.append(([draw(tiles[0][0], "decode", shape_class(r))], 0.0))
                 self.timings.decodes.append((r.id, 1, parts[-1][0][0]))
                 continue
-            factor, jitter = draw(1.0), self.jitter()
+            factor, jitter = draw(1.0, "decode", shape_class(r)), self.jitter()
             tiles = [[factor * jitter(t) for t in ts] for ts in tiles]
             blend = factor * jitter(blend) if blend else 0.0
             self.split_tiles.append(_SplitTiles(r, ds, tiles, blend))

@@ -39,6 +39,7 @@ class NodeScenario:
     bias: float = 0.0
     policy_options: dict[str, dict] = field(default_factory=dict)
     per_request: bool = False
+    bias_by: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.node()  # validates devices
@@ -84,7 +85,7 @@ def run_node_point(
         if policy in STATIC:
             options["baseline_degree"] = baseline_degree
         pol = make_node_policy(policy, ncost, node, **options)
-        noise = TimingNoise(scenario.noise, scenario.bias, seed)
+        noise = TimingNoise(scenario.noise, scenario.bias, seed, scenario.bias_by)
         result = simulate_node(
             reqs, pol, node, noise=noise, slo_scale=scenario.slo_scale, progress=progress
         )
@@ -128,6 +129,7 @@ def run_node_point(
         "slo_scale": scenario.slo_scale,
         "noise": scenario.noise,
         "bias": scenario.bias,
+        "bias_by": dict(scenario.bias_by),
         "seeds": list(scenario.seeds),
         "decisions": decisions,
         "max_s": max(r.latency for r in records),
