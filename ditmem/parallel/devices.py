@@ -137,16 +137,23 @@ class EngineDevices:
         #: running job id → the spare devices of its split decodes the loop took back
         #: (``reclaim``); an entry from ``launch`` to the job's end
         self._taken: dict[int, set[int]] = {}
+        #: request id → the event its latest launched move sets when done (``_MoveOrder``)
+        self._moving: dict[str, threading.Event] = {}
 
     def now(self) -> float:
         """Seconds since the devices were created (the loop's time axis)."""
         return self.clock() - self.t0
 
     def launch(self, job: Job, now: float) -> None:
+        """Run ``job`` on its own thread. Its moves of a request start only after that
+        request's moves in the jobs launched before it have ended (``_MoveOrder``): the
+        loop may offload a paused request in one job and restore it elsewhere in the
+        next, and the two jobs' threads run at once."""
         with self._lock:
             self._taken[job.job_id] = set()
-        threading.Thread(target=self._run, args=(job, now), name=f"ditmem-job-{job.job_id}",
-                         daemon=True).start()
+            order = _MoveOrder(self._moving, self._lock, [m.request.id for m in job.moves])
+        threading.Thread(target=self._run, args=(job, now, order),
+                         name=f"ditmem-job-{job.job_id}", daemon=True).start()
 
     def reclaim(self, job: Job, device: int, now: float) -> None:
         """``NodeDevices.reclaim``: ``device``, a spare of ``job``'s split decode, stops
@@ -175,19 +182,21 @@ class EngineDevices:
         return [] if isinstance(first, _Woken) else [first]
 
     # ------------------------------------------------------------------ one job
-    def _run(self, job: Job, started: float) -> None:
+    def _run(self, job: Job, started: float, order: _MoveOrder) -> None:
         t = Timings()
         # what a failure of this job fails: its batch until its steps end, then the
         # requests still to decode (the others are back with the loop by then)
         owned = [r.id for r in job.batch]
         try:
-            self._execute(job, started, t, owned)
+            self._execute(job, started, t, owned, order)
         except Exception as exc:  # the loop must see the job end; the error is kept
             msg = f"job {job.job_id} on group {job.group}: {type(exc).__name__}: {exc}"
             log.error(msg)
             with self._lock:
                 rids = [rid for rid in owned if rid not in self.failed]
             self._fail(rids, exc, msg)
+        finally:
+            order.end()  # moves it never reached must not hold later jobs' moves
         with self._lock:
             self._taken.pop(job.job_id, None)
         self._done.put(Completion(job, started, self.now(), t))
@@ -205,7 +214,8 @@ class EngineDevices:
             if self.on_failed is not None:
                 self.on_failed(rid, exc)
 
-    def _execute(self, job: Job, started: float, t: Timings, owned: list[str]) -> None:
+    def _execute(self, job: Job, started: float, t: Timings, owned: list[str],
+                 order: _MoveOrder) -> None:
         # each decode's device as the loop assigned it (its lanes of the job it launched)
         lanes = dict(zip([r.id for r in job.decodes],
                          decode_lanes(job.group, len(job.decodes)), strict=True))
@@ -221,8 +231,45 @@ class EngineDevices:
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone], job.split_decodes)
-        stages = _GroupJob(self, job, t, started, owned, lanes)
+        stages = _GroupJob(self, job, t, started, owned, lanes, order)
         run_job(job, stages)
+
+
+class _MoveOrder:
+    """One job's place in each moved request's order of moves: built on the loop's thread
+    at launch (so in launch order), for the ids ``rids`` the job moves. ``before(rid)``
+    waits for the move of ``rid`` in the job launched before (its seconds back), ``done(rid)``
+    lets the next one go; ``end()`` lets every one go (the job is over, moved or not)."""
+
+    def __init__(self, moving: dict[str, threading.Event], lock: threading.Lock,
+                 rids: list[str]) -> None:
+        self._moving, self._lock = moving, lock
+        self._prev: dict[str, threading.Event | None] = {}
+        self._mine: dict[str, threading.Event] = {}
+        for rid in rids:  # the caller holds ``lock``
+            self._prev[rid] = moving.get(rid)
+            self._mine[rid] = moving[rid] = threading.Event()
+
+    def before(self, rid: str) -> float:
+        prev = self._prev.get(rid)
+        if prev is None or prev.is_set():
+            return 0.0
+        mark = time.perf_counter()
+        prev.wait()
+        return time.perf_counter() - mark
+
+    def done(self, rid: str) -> None:
+        ev = self._mine.get(rid)
+        if ev is None:
+            return
+        ev.set()
+        with self._lock:
+            if self._moving.get(rid) is ev:
+                del self._moving[rid]
+
+    def end(self) -> None:
+        for rid in self._mine:
+            self.done(rid)
 
 
 class _GroupJob(JobStages):
@@ -232,7 +279,7 @@ class _GroupJob(JobStages):
     each decode's device (the loop's ``decode_lanes`` of the job it launched)."""
 
     def __init__(self, devices: EngineDevices, job: Job, timings: Timings, started: float,
-                 owned: list[str], lanes: dict[str, int]) -> None:
+                 owned: list[str], lanes: dict[str, int], order: _MoveOrder) -> None:
         super().__init__(job)
         self.devices = devices
         self.node = devices.node
@@ -242,6 +289,7 @@ class _GroupJob(JobStages):
         self.started = started
         self.owned = owned
         self.lanes = lanes
+        self.order = order
 
     def _hand_back(self, released: tuple[int, ...], decoded: tuple[str, ...] = (), *,
                    stepped: bool = False) -> None:
@@ -273,10 +321,13 @@ class _GroupJob(JobStages):
         return timing
 
     def start_offload(self, rid: str) -> None:
+        self.timings.wait_s += self.order.before(rid)
         self._moved(rid, [("offload", self.node.park(rid))])
+        self.order.done(rid)
 
     def start_restore(self, rid: str) -> None:
         mv = self.restores[rid]
+        self.timings.wait_s += self.order.before(rid)
         if mv.src is None:
             self._moved(rid, [("restore", self._restore(rid, mv.dst))])
         elif mv.kind == "host":  # the plan priced it through the host: park, restore
@@ -284,6 +335,7 @@ class _GroupJob(JobStages):
             self._moved(rid, [("host-park", park), ("host-restore", self._restore(rid, mv.dst))])
         else:
             self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
+        self.order.done(rid)
 
     def encode(self, rids: list[str]) -> None:
         node, devices, mark = self.node, self.group, self.clock()

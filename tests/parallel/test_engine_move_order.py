@@ -1,0 +1,108 @@
+"""``EngineDevices`` runs each job on its own thread; a request's moves must still happen
+in the order the loop launched them. The case a real two-device demo hit (session 11):
+the loop parks a paused request in a job on device 0 and, at the same instant, restores it
+from the host in a job on device 1. Here the park is held back (a gate) so the restore's
+thread gets there first; a scripted node with the ``NodeEngine``'s rule (a restore of a
+request not yet parked raises ``KeyError``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ditmem.parallel.devices import EngineDevices
+from ditmem.parallel.node import MoveTiming
+from ditmem.scheduler import Request
+from ditmem.scheduler.node.device import Job, Move
+from ditmem.scheduler.node.topology import Node
+
+
+class ParkingNode:
+    """Holds, parks and restores as ``NodeEngine`` does (by id, no tensors); ``park``
+    waits for ``gate``. ``calls`` in the order they completed."""
+
+    def __init__(self, held: dict[str, tuple[int, ...]]):
+        self.holders = dict(held)
+        self.parked: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.dead: dict[int, str] = {}
+        self.gate = threading.Event()
+        self.calls: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def park(self, rid):
+        self.gate.wait(10)
+        with self._lock:
+            del self.holders[rid]
+            self.parked.add(rid)
+            self.calls.append(("park", rid))
+        return MoveTiming(0.0)
+
+    def restore(self, rid, devices):
+        with self._lock:
+            if rid not in self.parked:
+                raise KeyError(f"resume: {rid!r} is not parked")
+            self.parked.discard(rid)
+            self.holders[rid] = devices
+            self.calls.append(("restore", rid, devices))
+        return MoveTiming(0.0)
+
+    def step(self, plan):
+        with self._lock:
+            for devices, ids in plan:
+                for rid in ids:
+                    if self.holders.get(rid) != devices:
+                        raise KeyError(f"{rid!r} is not held on {devices}")
+            self.calls.append(("step", plan))
+
+    def release(self, rid):
+        self.holders.pop(rid, None)
+
+
+def _wait_for(devices, jobs, limit_s=20.0):
+    """Until every job in ``jobs`` has ended (its last event), at most ``limit_s``."""
+    deadline, ended = time.monotonic() + limit_s, set()
+    while ended != jobs:
+        assert time.monotonic() < deadline, f"jobs {jobs - ended} never ended"
+        ended |= {c.job.job_id for c in devices.wait(1.0) if c.last}
+
+
+def _req(rid):
+    return Request(rid, 0.0, width=64, height=64, steps=4)
+
+
+def test_a_restore_launched_after_a_park_of_the_same_request_waits_for_it():
+    """Job 0 on device 0 parks r (paused there) and steps x; job 1 on device 1, launched
+    right after, restores r from the host and steps it. r's park is gated until job 1's
+    thread has had time to reach its restore: the restore waits, then runs; nothing fails
+    and the calls come in the loop's order."""
+    r, x = _req("r"), _req("x")
+    node = ParkingNode({"r": (0,), "x": (0,)})
+    g0, g1 = Node(2).groups(1)
+    failed = []
+    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
+    devices.launch(Job(0, g0, [x], 1, [Move(r, g0, None, "offload")], [], []), 0.0)
+    devices.launch(Job(1, g1, [r], 1, [Move(r, None, g1, "restore")], [], []), 0.0)
+    threading.Timer(0.3, node.gate.set).start()
+    _wait_for(devices, {0, 1})
+    assert failed == [] and devices.errors == []
+    assert node.calls.index(("park", "r")) < node.calls.index(("restore", "r", (1,)))
+    assert node.holders["r"] == (1,)
+    assert ("step", [((1,), ["r"])]) in node.calls
+
+
+def test_a_job_that_fails_before_its_move_does_not_hold_the_next_one():
+    """Job 0 fails before it reaches its park of r (its park of y, listed first, raises: y
+    is held nowhere); job 1's own park of r must not wait for it forever: it runs once job
+    0 has ended, and only job 0's error is kept."""
+    r, y = _req("r"), _req("y")
+    node = ParkingNode({"r": (1,)})
+    node.gate.set()
+    g0, g1 = Node(2).groups(1)
+    devices = EngineDevices(node, lambda q: q)
+    devices.launch(Job(0, g0, [], 0, [Move(y, g0, None, "offload"),
+                                      Move(r, g1, None, "offload")], [], []), 0.0)
+    devices.launch(Job(1, g1, [], 0, [Move(r, g1, None, "offload")], [], []), 0.0)
+    _wait_for(devices, {0, 1})
+    assert node.calls == [("park", "r")] and node.parked == {"r"}
+    assert len(devices.errors) == 1 and "job 0" in devices.errors[0]
