@@ -95,9 +95,10 @@ def protected(now: float, ontime: list[Candidate], fraction: float) -> Candidate
     return None
 
 
-def late_order(now: float, c: Candidate, alive_first: bool, rank: int) -> tuple:
+def late_order(now: float, c: Candidate, alive_first: bool, rank: float) -> tuple:
     """Sort key of late requests in spare time: with ``alive_first``, those that could still
     finish in time alone (given up for the forecast or for others, not yet lost) first; then
-    by ``rank`` (their place in the late lane, or the same for all: arrival order)."""
+    by ``rank`` (their place in the late lane, their remaining work in s, or the same for
+    all: arrival order)."""
     lost = alive_first and now + c.rem > c.req.deadline
     return (lost, rank, c.req.arrival)

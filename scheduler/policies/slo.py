@@ -121,8 +121,9 @@ INF = float("inf")
 #: The serving order (step 2): ``"edf"`` earliest deadline among on-time requests; ``"fifo"``
 #: earliest arrival (late requests included) under the EDF guard.
 ORDERS = ("edf", "fifo")
-#: The order of late requests in spare time (step 2): oldest first, or as given up.
-LATE_RANKS = ("arrival", "lane")
+#: The order of late requests in spare time (step 2): oldest first, as given up, or least
+#: remaining work first.
+LATE_RANKS = ("arrival", "lane", "remaining")
 
 
 class SloPolicy(Policy):
@@ -144,8 +145,9 @@ class SloPolicy(Policy):
     * ``alive_first`` — with ``order="edf"``, late requests still able to finish in time alone
       run first in spare time (on); ``order="fifo"`` runs the oldest first;
     * ``late_rank`` — the order of late requests in spare time after ``alive_first``
-      (step 2): ``"lane"`` (the order they were given up in, default) or ``"arrival"``
-      (oldest first);
+      (step 2): ``"lane"`` (the order they were given up in, default), ``"arrival"``
+      (oldest first) or ``"remaining"`` (least remaining work first: a nearly-done late
+      request does not wait behind a whole one given up before it);
     * ``rescue0`` (0 = off) and ``rescue_guard`` — the targeted promotion of an at-risk
       priority-0 request (step 2);
     * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a
@@ -175,6 +177,10 @@ class SloPolicy(Policy):
       every on-time request can spare beyond that fraction of its SLO window (step 6;
       None, the default: off, late tiles wait for their ``late_share`` credit or an idle
       loop);
+    * ``late_decodes_first`` — when a plan runs only late requests past saving, grant the
+      pending tiled decodes their tiles first (``StepPlan.late_tiles_s``, within the lane's
+      slack): a late request with only its decode left no longer waits for the
+      ``late_share`` credit behind other late requests' steps (off);
     * ``promise_tries`` — how many preferred heads to try when the plan would break a
       promise, before the lane's head runs;
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
@@ -214,6 +220,7 @@ class SloPolicy(Policy):
         late_share: float = 0.1,
         late_tile_margin: float | None = None,
         late_rank: str = "lane",
+        late_decodes_first: bool = False,
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
@@ -236,6 +243,7 @@ class SloPolicy(Policy):
         if late_rank not in LATE_RANKS:
             raise ValueError(f"late_rank must be one of {LATE_RANKS}, got {late_rank!r}")
         self.late_rank = late_rank
+        self.late_decodes_first = late_decodes_first
         self._skip: set[str] = set()
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
@@ -478,7 +486,28 @@ class SloPolicy(Policy):
             plan = self._promise_plan(now, view, by_id, ontime, late) or plan
         if self.late_tile_margin is not None:
             plan.late_tiles_s = self._late_tile_spare(ontime)
+        if self.late_decodes_first:
+            plan.late_tiles_s = max(plan.late_tiles_s, self._lost_decode_grant(now, view, by_id,
+                                                                               plan))
         return self.with_pause(plan, view)
+
+    def _lost_decode_grant(self, now: float, view: SchedulerView, by_id: dict[str, Candidate],
+                           plan: StepPlan) -> float:
+        """Seconds of late decode tiles to grant before ``plan`` (``late_decodes_first``):
+        when every member of the plan is a late request that cannot finish in time even
+        alone (nothing on time, nothing still able to make it), the predicted seconds of
+        every pending decode, no more than the least lane slack (a tile takes from every
+        promise); else 0. A late request whose steps are done then decodes before the
+        steps of those given up with it: it is the late work nearest done."""
+        if not view.decodes:
+            return 0.0
+        for rid in plan.batch:
+            c = by_id.get(rid)
+            if c is None or not c.late or now + c.rem <= c.req.deadline:
+                return 0.0
+        left = sum(self.cost.decode_time(d.request) * d.tiles_left / max(1, d.tiles)
+                   for d in view.decodes)
+        return max(0.0, min(left, self.lane.slack()))
 
     def _late_tile_spare(self, ontime: list[Candidate]) -> float:
         """Seconds of late decode tiles this decision can spare (``late_tile_margin``):
@@ -595,6 +624,9 @@ class SloPolicy(Policy):
         if first is not None:
             yield first
         yield from (c for c in ontime if c is not first)
+        if self.late_rank == "remaining":
+            yield from sorted(late, key=lambda c: late_order(now, c, self.alive_first, c.rem))
+            return
         pos = self.lane.positions() if self.late_rank == "lane" else {}
         behind = len(pos)  # a request the lane never saw (started by hand) goes last
         yield from sorted(
