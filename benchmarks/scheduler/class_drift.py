@@ -1,8 +1,8 @@
 """How robust ``slo`` is to class drift: true times biased by kind of work and by shape class
 (``TimingNoise.bias_by``), beside fifo and the offline references, timing noise on (σ 3 %).
 
-    python benchmarks/scheduler/class_drift.py [--part demo,seed-mix,node] [--noise-seeds 3]
-        [--seeds 0-2] [--requests 2000] [--node-seeds 0-4] [--json OUT]
+    python benchmarks/scheduler/class_drift.py [--part demo,seed-mix,node,node-mix]
+        [--noise-seeds 3] [--seeds 0-2] [--requests 2000] [--node-seeds 0-4] [--json OUT]
 
 Parts (each a table; ``--json`` writes every row):
 
@@ -15,8 +15,8 @@ Parts (each a table; ``--json`` writes every row):
   Settings: ``uniform`` (bias 0), the trace's largest tier ×1.10 and ×1.20 and its smallest
   tier ×1.20 (``step:WxH`` and ``decode:WxH``: its steps — a packed step takes its largest
   member's class — and its decodes; encodes do not depend on the shape), and as a control
-  ``all x1.20`` (every step and decode ×1.20: no class drift, the same slowdown). Beside each: the
-  offline bound (``bound.min_misses``, profile work) and the clairvoyant batch-1 reference
+  ``all x1.20`` (every step and decode ×1.20: no class drift). Beside each: the offline
+  bound (``bound.min_misses``, profile work) and the clairvoyant batch-1 reference
   (``bound.clairvoyant_misses``) on the trace re-priced at the setting's mean true times. The
   bound stays sound under the largest-member rule: a request's step share is scaled by the
   least factor of any class at least its size (a step it is in is priced by its largest
@@ -24,12 +24,14 @@ Parts (each a table; ``--json`` writes every row):
   knows).
 * ``node``: the session-10 two-device demo's trace (its saved profile
   benchmarks/parallel/results/demo_devices2_s10_profile.json; seed-mix ÷ 2, ρ 0.8, 150
-  requests, seed 0: ``node_demo.build_trace``) under noise seeds ``--node-seeds``; fifo on two
-  static single-device replicas beside slo. Settings: ``uniform``; ``s10 drift`` (what the
-  brief names from that run: moves ×2.42, encodes ×1.29, degree-2 steps ×0.90); ``s10 all``
-  (every factor that run measured for slo: also decodes ×0.885, degree-1 steps ×0.986);
-  ``large ×1.20`` (the 1024² tier's steps and decodes). Beside each: ``node_demo.limits`` on
-  the re-priced profile (``run_speed.scale_profile``; per-kind settings only).
+  requests, seed 0: ``node_demo.build_trace``) under noise seeds ``--node-seeds``;
+  ``node-mix``: seed-mix on 8 × h200 at ρ 0.8 (per device), ``--requests`` × ``--seeds``.
+  fifo on static single-device replicas beside slo. Settings: ``uniform``; ``s10 drift``
+  (what that run measured and the brief names: moves ×2.42, encodes ×1.29, degree-2 steps
+  ×0.90); ``s10 all`` (every factor that run measured for slo: also decodes ×0.885,
+  degree-1 steps ×0.986); the largest and the smallest tier ×1.20 (steps and decodes).
+  Beside each per-kind setting: the node bound and clairvoyant reference on the profile
+  re-priced at it (``run_speed.scale_profile``; deadlines stay the profile's).
 
 Per setting and policy: mean attainment, p0 attainment, P95 and P99 (the demo: means over the
 runs, and the mean of per-run ratios to fifo's; seed-mix and node: pooled over seeds), the
@@ -57,6 +59,7 @@ from replay_bench import demo_trace, saved_demo  # noqa: E402
 from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses  # noqa: E402
 from ditmem.scheduler.metrics import summarize  # noqa: E402
+from ditmem.scheduler.node.bound import clairvoyant_node_misses, min_node_misses  # noqa: E402
 from ditmem.scheduler.node.cost import NodeCost  # noqa: E402
 from ditmem.scheduler.node.policies import make_node_policy  # noqa: E402
 from ditmem.scheduler.node.simulator import simulate_node  # noqa: E402
@@ -65,7 +68,7 @@ from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise, shape_class  # no
 from ditmem.scheduler.policies import make_policy  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.scheduler.workloads import workload  # noqa: E402
-from ditmem.tools.node_demo import build_trace, limits  # noqa: E402
+from ditmem.tools.node_demo import build_trace  # noqa: E402
 from ditmem.tools.run_speed import scale_profile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +78,7 @@ NODE_PROFILE = ROOT / "benchmarks/parallel/results/demo_devices2_s10_profile.jso
 #: the session-10 two-device run's measured factors (slo row's ``vs_profile``)
 S10_DRIFT = {"move": 1.42, "encode": 0.29, "step:d2": -0.10}
 S10_ALL = {**S10_DRIFT, "decode": -0.115, "step:d1": -0.014}
+PARTS = ("demo", "seed-mix", "node", "node-mix")
 log = logging.getLogger("class_drift")
 
 
@@ -280,37 +284,59 @@ def print_one_device(table: list[dict]) -> None:
 
 
 # ---- node ------------------------------------------------------------------------------
-NODE_SETTINGS = [("uniform", {}), ("s10 drift", S10_DRIFT), ("s10 all", S10_ALL),
-                 ("large 1024x1024 x1.20", {"step:1024x1024": 0.2, "decode:1024x1024": 0.2})]
+def node_settings(large: str, small: str) -> list[tuple[str, dict]]:
+    return [("uniform", {}), ("s10 drift", S10_DRIFT), ("s10 all", S10_ALL),
+            ("largest x1.20", {f"step:{large}": 0.2, f"decode:{large}": 0.2}),
+            ("smallest x1.20", {f"step:{small}": 0.2, f"decode:{small}": 0.2})]
 
 
-def node_limits(trace, cost: CostModel, by: dict) -> dict | None:
-    """``node_demo.limits`` on the profile re-priced at a per-kind drift (None: classes by
-    shape, which a profile scaling cannot express)."""
+def node_references(traces, cost: CostModel, devices: int, by: dict) -> dict | None:
+    """The node bound and clairvoyant reference (pooled over ``traces``) on the profile
+    re-priced at a per-kind drift (``run_speed.scale_profile``; the deadlines stay the
+    profile's). None: classes by shape, which a profile scaling cannot express."""
     kinds = {"move": "moves", "encode": "encodes", "decode": "decodes", "step:d1": "steps d1",
              "step:d2": "steps d2"}
     if any(k not in kinds for k in by):
         return None
     factors = {kinds[k]: 1.0 + v for k, v in by.items()}
     factors.setdefault("steps d1", 1.0)
-    run = CostModel(scale_profile(cost.profile, factors))
-    return limits(trace, run, 2)
+    ncost = NodeCost(CostModel(scale_profile(cost.profile, factors)))
+    degrees = Node(devices, ncost.links).degrees
+    lower = clair = total = 0
+    for trace in traces:
+        run = [dataclasses.replace(r, standalone_s=ncost.cost.standalone_time(r)) for r in trace]
+        lower += min_node_misses(run, ncost, devices, degrees)
+        clair += clairvoyant_node_misses(run, ncost, devices)
+        total += len(trace)
+    return {"bound_attainment": 1 - lower / total, "clairvoyant_attainment": 1 - clair / total}
 
 
-def node_part(args) -> list[dict]:
-    with open(NODE_PROFILE) as fh:
-        cost = CostModel.from_dict(json.load(fh))
-    ns = types.SimpleNamespace(workload="seed-mix", load=0.8, requests=150, seed=0,
-                               arrival="poisson", divisor=2)
-    trace = build_trace(ns, cost, 2)
+def node_runs(part: str, args):
+    """(cost, devices, [(trace, noise seed)]) of a node part (module docstring)."""
+    if part == "node":
+        with open(NODE_PROFILE) as fh:
+            cost = CostModel.from_dict(json.load(fh))
+        ns = types.SimpleNamespace(workload="seed-mix", load=0.8, requests=150, seed=0,
+                                   arrival="poisson", divisor=2)
+        trace = build_trace(ns, cost, 2)
+        return cost, 2, [(trace, seed) for seed in args.node_seeds]
+    cost = CostModel.load("h200")
+    return cost, 8, [(workload("seed-mix", cost, load=0.8 * 8, requests=args.requests,
+                               seed=seed), seed) for seed in args.seeds]
+
+
+def node_part(part: str, args) -> list[dict]:
+    """One row per (setting, policy) of a node part, pooled over its runs."""
+    cost, devices, runs = node_runs(part, args)
+    shapes = tiers(runs[0][0])
     rows = []
-    base: dict[str, list] = {}  # the uniform setting's records per policy, per seed
-    for k, (label, by) in enumerate(NODE_SETTINGS):
-        lim = node_limits(trace, cost, by)
+    base: dict[str, list] = {}  # the uniform setting's records per policy, per run
+    for k, (label, by) in enumerate(node_settings(shapes[-1], shapes[0])):
+        ref = node_references(list({id(t): t for t, _ in runs}.values()), cost, devices, by)
         for policy in ("fifo", "slo"):
             recs_all = []
-            for seed in args.node_seeds:
-                topo = Node(2, NodeCost(cost).links)
+            for trace, seed in runs:
+                topo = Node(devices, NodeCost(cost).links)
                 pol = make_node_policy(policy, NodeCost(cost), topo)
                 recs = simulate_node([dataclasses.replace(r) for r in trace], pol, topo,
                                      noise=TimingNoise(args.sigma, 0.0, seed, by)).records
@@ -321,16 +347,21 @@ def node_part(args) -> list[dict]:
             s = summarize(flat)
             gone = [] if k == 0 else [x for b, n in zip(base[policy], recs_all, strict=True)
                                       for x in lost(b, n)]
-            rows.append(dict(part="node", setting=label, bias_by=by, policy=policy,
-                             limits=lim, attainment=s["slo_attainment"], p0=p0(s),
-                             p95_s=s["p95_s"], p99_s=s["p99_s"], max_s=s["max_s"],
+            rows.append(dict(part=part, devices=devices, setting=label, bias_by=by,
+                             policy=policy, limits=ref, attainment=s["slo_attainment"],
+                             p0=p0(s), p95_s=s["p95_s"], p99_s=s["p99_s"], max_s=s["max_s"],
                              tiers=tier_attainment(flat), lost=gone))
-        log.info("node %s done", label)
+        log.info("%s %s done", part, label)
     return rows
 
 
-def print_node(rows: list[dict], seeds) -> None:
-    print(f"\nnode: the s10 two-device demo trace (150 requests) x noise seeds {seeds}, pooled")
+def print_node(rows: list[dict], args) -> None:
+    if rows[0]["part"] == "node":
+        print(f"\nnode: the s10 two-device demo trace (150 requests) x noise seeds "
+              f"{args.node_seeds}, pooled")
+    else:
+        print(f"\nnode-mix: seed-mix on 8 x h200, rho 0.8, {args.requests} requests x seeds "
+              f"{args.seeds}, pooled; fifo = 8 static single-device replicas")
     print(f"{'setting':<22} {'bound':>6} {'clairv':>6} {'policy':<5} {'att':>7} {'p0':>7} "
           f"{'P95':>7} {'P99':>7} {'max':>7} {'lost':>4}  per tier")
     for r in rows:
@@ -353,7 +384,7 @@ def seeds_arg(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", default="demo,seed-mix,node")
+    ap.add_argument("--part", default=",".join(PARTS))
     ap.add_argument("--noise-seeds", type=int, default=3, help="demo: noise seeds per trace")
     ap.add_argument("--seeds", type=seeds_arg, default=[0, 1, 2], help="seed-mix trace seeds")
     ap.add_argument("--requests", type=int, default=2000, help="seed-mix requests per seed")
@@ -363,21 +394,21 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parts = [p.strip() for p in args.part.split(",") if p.strip()]
-    bad = [p for p in parts if p not in ("demo", "seed-mix", "node")]
+    bad = [p for p in parts if p not in PARTS]
     if bad:
-        ap.error(f"--part: unknown {bad}; choose from demo, seed-mix, node")
+        ap.error(f"--part: unknown {bad}; choose from {', '.join(PARTS)}")
     out = {"noise": args.sigma, "command": " ".join(sys.argv)}
     for part in parts:
-        if part == "node":
-            rows = node_part(args)
-            print_node(rows, args.node_seeds)
-            out["node"] = rows
+        if part in ("node", "node-mix"):
+            rows = node_part(part, args)
+            print_node(rows, args)
+            out[part] = rows
             continue
         rows = one_device(part, args)
         table = one_device_table(part, rows)
         print_one_device(table)
-        for r in rows:
-            del r["records"]
+        for r in rows:  # the records go; the lost requests are in the table
+            del r["records"], r["lost"]
         out[part] = {"table": table, "rows": rows}
     if args.json:
         with open(args.json, "w") as fh:
