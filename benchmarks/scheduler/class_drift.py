@@ -350,7 +350,8 @@ def node_part(part: str, args) -> list[dict]:
             rows.append(dict(part=part, devices=devices, setting=label, bias_by=by,
                              policy=policy, limits=ref, attainment=s["slo_attainment"],
                              p0=p0(s), p95_s=s["p95_s"], p99_s=s["p99_s"], max_s=s["max_s"],
-                             tiers=tier_attainment(flat), lost=gone))
+                             tiers=tier_attainment(flat), lost_count=len(gone),
+                             lost=gone if policy == "slo" else []))
         log.info("%s %s done", part, label)
     return rows
 
@@ -371,7 +372,7 @@ def print_node(rows: list[dict], args) -> None:
         tiers_txt = " ".join(f"{k} {100 * v:.1f}" for k, v in sorted(r["tiers"].items()))
         print(f"{r['setting']:<22} {b} {r['policy']:<5} {100 * r['attainment']:7.2f} "
               f"{100 * r['p0']:7.2f} {r['p95_s']:7.2f} {r['p99_s']:7.2f} {r['max_s']:7.2f} "
-              f"{len(r['lost']):4d}  {tiers_txt}")
+              f"{r['lost_count']:4d}  {tiers_txt}")
 
 
 def seeds_arg(text: str) -> list[int]:
