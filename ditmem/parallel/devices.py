@@ -239,16 +239,21 @@ class _MoveOrder:
     """One job's place in each moved request's order of moves: built on the loop's thread
     at launch (so in launch order), for the ids ``rids`` the job moves. ``before(rid)``
     waits for the move of ``rid`` in the job launched before (its seconds back), ``done(rid)``
-    lets the next one go; ``end()`` lets every one go (the job is over, moved or not)."""
+    lets the next one go once this job's last move of ``rid`` is done (a job may park a
+    member of its own batch and restore it: two moves, in the job's own order); ``end()``
+    lets every one go (the job is over, moved or not)."""
 
     def __init__(self, moving: dict[str, threading.Event], lock: threading.Lock,
                  rids: list[str]) -> None:
         self._moving, self._lock = moving, lock
         self._prev: dict[str, threading.Event | None] = {}
         self._mine: dict[str, threading.Event] = {}
+        self._left: dict[str, int] = {}  # this job's moves of each id not yet done
         for rid in rids:  # the caller holds ``lock``
-            self._prev[rid] = moving.get(rid)
-            self._mine[rid] = moving[rid] = threading.Event()
+            self._left[rid] = self._left.get(rid, 0) + 1
+            if rid not in self._mine:  # a second move of rid follows the first, not itself
+                self._prev[rid] = moving.get(rid)
+                self._mine[rid] = moving[rid] = threading.Event()
 
     def before(self, rid: str) -> float:
         prev = self._prev.get(rid)
@@ -262,6 +267,9 @@ class _MoveOrder:
         ev = self._mine.get(rid)
         if ev is None:
             return
+        self._left[rid] -= 1
+        if self._left[rid] > 0:
+            return
         ev.set()
         with self._lock:
             if self._moving.get(rid) is ev:
@@ -269,6 +277,7 @@ class _MoveOrder:
 
     def end(self) -> None:
         for rid in self._mine:
+            self._left[rid] = 1
             self.done(rid)
 
 

@@ -106,3 +106,20 @@ def test_a_job_that_fails_before_its_move_does_not_hold_the_next_one():
     _wait_for(devices, {0, 1})
     assert node.calls == [("park", "r")] and node.parked == {"r"}
     assert len(devices.errors) == 1 and "job 0" in devices.errors[0]
+
+
+def test_a_job_that_parks_and_restores_the_same_request_does_not_wait_for_itself():
+    """``run_node`` accepts an assignment that parks a paused member of its own batch
+    (``Assignment(g0, ["r"], offload=["r"])``): the job moves r twice, a park then a
+    restore onto g0. Its second move of r must not be ordered behind its first as if
+    another job's (that waits forever)."""
+    r = _req("r")
+    node = ParkingNode({"r": (0,)})
+    node.gate.set()
+    g0, g1 = Node(2).groups(1)
+    devices = EngineDevices(node, lambda q: q)
+    devices.launch(Job(0, g0, [r], 1, [Move(r, g0, None, "offload"),
+                                       Move(r, None, g0, "restore")], [], []), 0.0)
+    _wait_for(devices, {0}, limit_s=5.0)
+    assert devices.errors == []
+    assert node.calls == [("park", "r"), ("restore", "r", (0,)), ("step", [((0,), ["r"])])]
