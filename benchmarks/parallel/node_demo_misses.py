@@ -5,8 +5,8 @@ Reads the demo's JSON (``ditmem demo --devices 2 --json RUN.json``: ``per_reques
 ``sim_per_request`` rows, ``missed_apart``) and its decision log (``--decisions D.json``:
 per policy, the run's and the replay's ``DecisionLog.rows()``), and prints per policy:
 
-* the decisions and take-backs in each (spares offered, granted), and for the run the
-  requests that were waiting when a take-back was asked;
+* how many decisions each made, and its take-backs: asked, with a spare offered, spares
+  granted (counts);
 * one row per request missed apart (or each ``--ids``): shape, priority, arrival, deadline,
   start / finish / preemptions in the run beside the replay's;
 * with ``--timelines``, each such request's timeline in the run and in the replay
