@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -42,6 +43,8 @@ from dataclasses import dataclass, field
 DEFAULT_SIGMA = 0.03
 #: The kinds of work a draw names (``TimingNoise.draw``'s ``kind``; ``bias_by``'s keys).
 KINDS = ("step", "encode", "decode", "move")
+_SHAPE = re.compile(r"\d+x\d+(x\d+)?")  # shape_class's "WxH" / "WxHxF"
+_DEGREE = re.compile(r"d\d+")  # a node step's degree
 
 
 def shape_class(request) -> str:
@@ -89,6 +92,11 @@ class TimingNoise:
                     f"bias_by key {key!r}: expected KIND or KIND:CLASS, KIND one of "
                     f"{', '.join(KINDS)}"
                 )
+            if sep and not _known_class(kind, cls):
+                raise ValueError(
+                    f"bias_by key {key!r}: class {cls!r} is no class a {kind} draw names "
+                    "(a shape WxH or WxHxF; a step's degree dN; a move's kind)"
+                )
             if not (isinstance(value, (int, float)) and value > -1 and math.isfinite(value)):
                 raise ValueError(f"bias_by[{key!r}]: a finite number > -1, got {value!r}")
             if sep:
@@ -121,6 +129,15 @@ class TimingNoise:
             return predicted
         z = self._rng.gauss(0.0, 1.0) if self.sigma else 0.0
         return predicted * self.factor(kind, key) * math.exp(self.sigma * z - self.sigma**2 / 2)
+
+
+def _known_class(kind: str, cls: str) -> bool:
+    """Whether a draw of ``kind`` can name class ``cls`` (module docstring's keys)."""
+    if kind == "move":
+        from .node.cost import MOVE_KINDS  # here: the node package imports this module
+
+        return cls in MOVE_KINDS
+    return bool(_SHAPE.fullmatch(cls) or (kind == "step" and _DEGREE.fullmatch(cls)))
 
 
 def parse_bias(text: str) -> tuple[float, dict[str, float]]:

@@ -3,6 +3,7 @@ too), its seeding, and ``--bias``'s parsing."""
 
 import math
 import random
+import re
 import statistics
 
 import pytest
@@ -142,3 +143,21 @@ def test_parse_bias_reads_a_number_or_kinds_and_classes():
 def test_parse_bias_names_the_bad_item(text, part):
     with pytest.raises(ValueError, match=part):
         parse_bias(text)
+
+
+@pytest.mark.parametrize("key", ["step:2048X2048", "step:2048*2048", "step:d 2", "encode:d2",
+                                 "decode:peer", "move:p2p", "move:1024x1024"])
+def test_a_class_no_draw_can_name_is_refused_naming_the_key(key):
+    """A class that no draw site passes would drift nothing, silently: a shape is
+    ``WxH`` or ``WxHxF``, a degree ``dN`` (steps only), a move's kind one of the node's."""
+    with pytest.raises(ValueError, match=re.escape(f"'{key}'")):
+        TimingNoise(bias_by={key: 0.1})
+
+
+def test_every_class_a_draw_site_passes_is_accepted():
+    from ditmem.scheduler.node.cost import MOVE_KINDS
+
+    by = {"step:1024x1024": 0.1, "step:1280x720x81": 0.1, "step:d2": -0.1,
+          "encode:512x512": 0.2, "decode:1280x720x81": 0.1,
+          **{f"move:{k}": 1.0 for k in MOVE_KINDS}}
+    assert TimingNoise(bias_by=by).factor("move", "peer") == 2.0
