@@ -314,6 +314,14 @@ class NodeEngine:
         if gone:
             raise DeviceLost(f"devices {gone} are lost: {[self.dead[d] for d in gone]}")
         replies = self._wait(self.submit(commands), self.command_timeout_s)
+        self._note_pages(replies)
+        errors = {d: r.error for d, r in replies.items() if not r.ok}
+        if errors:
+            raise CommandFailed("; ".join(f"device {d}: {e}" for d, e in sorted(errors.items())))
+        return replies
+
+    def _note_pages(self, replies: dict[int, cmd.Reply]) -> None:
+        """The page counts the workers' ``replies`` carry."""
         with self._lock:
             for d, r in replies.items():
                 self.device_pages[d] = r.device_pages
@@ -324,10 +332,24 @@ class NodeEngine:
                         self.request_pages[rid].pop(d, None)
                         if not self.request_pages[rid]:
                             del self.request_pages[rid]
-        errors = {d: r.error for d, r in replies.items() if not r.ok}
-        if errors:
-            raise CommandFailed("; ".join(f"device {d}: {e}" for d, e in sorted(errors.items())))
-        return replies
+
+    def _post(self, commands: dict[int, object]) -> None:
+        """Send each device its command and go on: each reply, when it comes, updates the
+        page counts; a failure is logged (there is no caller left to raise to). A worker
+        runs its commands in the order sent, so whatever is sent to it later sees the
+        command done."""
+        def noted(device: int, future: Future) -> None:
+            try:
+                reply = future.result()
+            except Exception as exc:  # a lost device: nothing left to free there
+                log.warning("device %d: %s failed: %s", device, commands[device], exc)
+                return
+            self._note_pages({device: reply})
+            if not reply.ok:
+                log.warning("device %d: %s failed: %s", device, commands[device], reply.error)
+
+        for d, f in self.submit(commands).items():
+            f.add_done_callback(lambda f, d=d: noted(d, f))
 
     def _check_devices(self, devices: tuple[int, ...]) -> tuple[int, ...]:
         devices = tuple(devices)
@@ -459,8 +481,8 @@ class NodeEngine:
         return self.restore(request_id, devices) is not None
 
     def restore(self, request_id: str, devices: tuple[int, ...]) -> MoveTiming | None:
-        """:meth:`resume` with the restore's timing (the host copies' release after it not
-        counted); None (still parked) when a pool has no room."""
+        """:meth:`resume` with the restore's timing; None (still parked) when a pool has no
+        room. The host copies are released after it without waiting (:meth:`_post`)."""
         new = self._check_devices(devices)
         if request_id in self.failed:
             raise DeviceLost(f"{request_id} failed: {self.failed[request_id]}")
@@ -471,7 +493,10 @@ class NodeEngine:
         if not all(r.value for r in replies.values()):
             self._call({d: cmd.Release(request_id) for d in new if replies[d].value})
             return None
-        self._call({p.device: cmd.DropHost(request_id) for p in parts})
+        # The parts' host copies are freed without waiting for their devices: one may be
+        # busy with another job for seconds (a decode), and a restore from the host must
+        # wait for no device the policy did not give it.
+        self._post({p.device: cmd.DropHost(request_id) for p in parts})
         with self._lock:
             del self.parked[request_id]
             self.holders[request_id] = new

@@ -133,3 +133,29 @@ def test_a_failed_decode_fails_only_its_request_not_the_paused_member(node):
     assert node.holders["y"] == (0, 1)
     node.release("y")
     assert _pages(node) == {0: (0, 0), 1: (0, 0)}
+
+
+def test_a_restore_from_the_host_waits_for_no_other_device(node):
+    """r is parked from device 0 and restored onto device 1 while device 0 is still busy
+    with queued steps of another request (sent without waiting, as another job's thread
+    does). The restore returns before device 0 is done — its host copy there is freed
+    after, in device 0's order (a real two-device demo stalled 3 s on it, session 11) —
+    and nothing is left behind once device 0's work ends."""
+    from ditmem.parallel import commands as cmd
+
+    busy = Request("busy", 0.0, width=256, height=256, steps=8, seed=3)
+    r = Request("r", 0.0, width=64, height=64, steps=STEPS, seed=4)
+    before = _pages(node)
+    for q in (busy, r):
+        assert node.encode(to_generation(q), 0)
+    node.park("r")
+    queued = [node.submit({0: cmd.Step(["busy"], (0,))})[0] for _ in range(8)]
+    assert node.restore("r", (1,)) is not None
+    assert not queued[-1].done()  # device 0 still runs its steps
+    for f in queued:
+        assert f.result(timeout=120).ok
+    assert node.holders["r"] == (1,)
+    node.step([((1,), ["r"])])
+    for rid in ("busy", "r"):
+        node.release(rid)
+    assert _pages(node) == before
