@@ -134,18 +134,25 @@ class DriftedCost:
         return self.cost.decode_time(r) * self.noise.factor("decode", shape_class(r))
 
 
-def references(reqs, cost: CostModel, bias_by: dict) -> dict:
-    """The offline bound and the clairvoyant batch-1 attainment at the drift's mean times."""
-    noise = TimingNoise(0.0, 0.0, 0, bias_by)
-    drifted = DriftedCost(cost, noise, reqs)
-    run = []
+def at_drift(reqs, cost: CostModel, noise: TimingNoise) -> list:
+    """Copies of ``reqs`` whose ``standalone_s`` is their batch-1 time at ``noise``'s mean
+    true times (deadlines kept)."""
+    out = []
     for r in reqs:
         cls = shape_class(r)
         step = cost.step_time(r.model, [cost.tokens(r)]) * noise.factor("step", cls)
-        alone = drifted.encode_time(r) + r.steps * step + drifted.decode_time(r)
-        run.append(dataclasses.replace(r, standalone_s=alone))
+        alone = (cost.encode_time(r) * noise.factor("encode", cls) + r.steps * step
+                 + cost.decode_time(r) * noise.factor("decode", cls))
+        out.append(dataclasses.replace(r, standalone_s=alone))
+    return out
+
+
+def references(reqs, cost: CostModel, bias_by: dict) -> dict:
+    """The offline bound and the clairvoyant batch-1 attainment at the drift's mean times."""
+    noise = TimingNoise(0.0, 0.0, 0, bias_by)
+    run = at_drift(reqs, cost, noise)
     n = len(reqs)
-    return {"bound": 1 - min_misses(run, drifted) / n,
+    return {"bound": 1 - min_misses(run, DriftedCost(cost, noise, reqs)) / n,
             "clairvoyant": 1 - clairvoyant_misses(run, cost) / n}
 
 
