@@ -20,6 +20,7 @@ per policy, the run's and the replay's ``DecisionLog.rows()``), and prints per p
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 
@@ -44,7 +45,7 @@ def request_row(q: dict, s: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="ditmem demo --devices 2 --json file")
-    ap.add_argument("decisions", help="its --decisions file")
+    ap.add_argument("decisions", help="its --decisions file (.gz: gzip-compressed)")
     ap.add_argument("--policy", default="slo", help="fifo or slo (default slo)")
     ap.add_argument("--ids", default=None, help="comma-separated ids (default: missed apart)")
     ap.add_argument("--timelines", action="store_true", help="print each one's timeline")
@@ -52,7 +53,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.run) as f:
         rows = {r["policy"]: r for r in json.load(f)}
-    with open(args.decisions) as f:
+    opener = gzip.open if args.decisions.endswith(".gz") else open
+    with opener(args.decisions, "rt") as f:
         logs = json.load(f)
     if args.policy not in rows or args.policy not in logs:
         print(f"node_demo_misses: --policy {args.policy!r}: not in both files "
