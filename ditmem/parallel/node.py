@@ -203,7 +203,8 @@ class NodeEngine:
         self.orphans: dict[str, tuple[int, ...]] = {}
         #: device pages in use per device, from the latest reply of each (no round trip)
         self.device_pages: dict[int, int] = dict.fromkeys(range(num_devices), 0)
-        #: pages (device or host) each request holds per device, from the latest replies
+        #: pages (device or host) each request holds per device, from the latest replies (a
+        #: restore stops counting the host copies it leaves behind at once: ``restore``)
         self.request_pages: dict[str, dict[int, int]] = {}
         #: each request's peak pages over its devices (see :meth:`peak_pages`)
         self._peaks: dict[str, int] = {}
@@ -500,6 +501,12 @@ class NodeEngine:
         with self._lock:
             del self.parked[request_id]
             self.holders[request_id] = new
+            # and no longer counted on a device it left (``peak_pages``): the DropHost
+            # reply of a busy device may come after the request's next steps elsewhere
+            counts = self.request_pages.get(request_id, {})
+            for p in parts:
+                if p.device not in new:
+                    counts.pop(p.device, None)
         return timing
 
     def decode(self, request_id: str, tile: tuple[int, int] | None = None) -> np.ndarray:

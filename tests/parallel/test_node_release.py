@@ -159,3 +159,31 @@ def test_a_restore_from_the_host_waits_for_no_other_device(node):
     for rid in ("busy", "r"):
         node.release(rid)
     assert _pages(node) == before
+
+
+def test_a_restored_requests_peak_does_not_count_the_host_copy_its_old_device_still_frees(node):
+    """As above (device 0 busy, r restored onto device 1), then r steps on device 1 while
+    device 0 still runs: r's peak is its pages on one device (as after its first step on
+    device 0), not those plus the host copy device 0 has not freed yet — a peak that
+    depends on how long another job keeps the old device busy."""
+    from ditmem.parallel import commands as cmd
+
+    busy = Request("busy2", 0.0, width=256, height=256, steps=8, seed=3)
+    r = Request("r2", 0.0, width=64, height=64, steps=STEPS, seed=4)
+    before = _pages(node)
+    for q in (busy, r):
+        assert node.encode(to_generation(q), 0)
+    node.step([((0,), ["r2"])])
+    alone = node.peak_pages("r2")
+    assert alone > 0
+    node.park("r2")
+    queued = [node.submit({0: cmd.Step(["busy2"], (0,))})[0] for _ in range(8)]
+    assert node.restore("r2", (1,)) is not None
+    node.step([((1,), ["r2"])])
+    assert not queued[-1].done()  # device 0 has not freed r2's host copy yet
+    assert node.peak_pages("r2") == alone
+    for f in queued:
+        assert f.result(timeout=120).ok
+    for rid in ("busy2", "r2"):
+        node.release(rid)
+    assert _pages(node) == before
