@@ -1,0 +1,48 @@
+"""benchmarks/scheduler/tail_flows.py: when slo gave a request up, with how many steps left,
+and when its last step ended, read from a decision log."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler"
+
+
+@pytest.fixture(scope="module")
+def tail_flows():
+    sys.path.insert(0, str(_DIR))
+    spec = importlib.util.spec_from_file_location("tail_flows", _DIR / "tail_flows.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_what_slo_did_on_a_hand_schedule(tail_flows):
+    """The schedule of ``test_sched_late_order``'s decode case (default slo, 512²: 1 s a
+    step, decode 4 tiles of 0.5 s): L1 (2 steps, due 1) is given up at its arrival, 0,
+    before any step; L2 (6 steps, due 1.5, arrives 0.5) at the decision at 1, with all 6
+    left. L1's steps run 0–2, L2's 2–7 and 7.5–8.5 (one late tile of L1 at 7); a request
+    never held late reads None."""
+    from ditmem.scheduler import CostModel, make_policy
+    from ditmem.scheduler.policies.recorder import DecisionLog
+    from ditmem.scheduler.simulator import simulate
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+    from sched_factories import req, table_profile
+
+    data = table_profile(decode_s_per_mp=1.0)
+    data["models"]["qwen-image"].update(
+        decode_tile_px={"value": 256, "source": "test"},
+        decode_stride_px={"value": 256, "source": "test"},
+        decode_tile_s={"value": 0.5, "source": "test"},
+    )
+    cost = CostModel.from_dict(data)
+    trace = [req("L1", 0.0, steps=2, slo_ms=1_000, cost=cost),
+             req("L2", 0.5, steps=6, slo_ms=1_000, cost=cost)]
+    pol = DecisionLog(make_policy("slo", cost, forecast=False))
+    simulate(trace, pol, decode="tiled")
+    assert tail_flows.what_slo_did(pol.log, "L1") == (0.0, 0, pytest.approx(2.0))
+    assert tail_flows.what_slo_did(pol.log, "L2") == (1.0, 0, pytest.approx(8.5))
+    assert tail_flows.what_slo_did(pol.log, "nobody") == (None, 0, None)
