@@ -219,12 +219,17 @@ class EngineDevices:
         # each decode's device as the loop assigned it (its lanes of the job it launched)
         lanes = dict(zip([r.id for r in job.decodes],
                          decode_lanes(job.group, len(job.decodes)), strict=True))
-        gone = {r.id: self.node.failed[r.id] for r in (*job.batch, *job.encodes)
-                if r.id in self.node.failed}
-        if gone:  # lost with a device while paused: leave them out, the rest run
+        with self._lock:
+            failed = set(self.failed)
+        # lost with a device while paused, or failed in an earlier job (told once): leave
+        # them out, the rest run
+        gone = {r.id for r in (*job.batch, *job.encodes)
+                if r.id in self.node.failed or r.id in failed}
+        if gone:
             from ditmem.parallel.node import DeviceLost
 
-            for rid, reason in gone.items():
+            for rid in sorted(gone - failed):
+                reason = self.node.failed[rid]
                 self._fail([rid], DeviceLost(f"{rid} failed: {reason}"),
                            f"job {job.job_id}: {rid} left out ({reason})")
             job = Job(job.job_id, job.group, [r for r in job.batch if r.id not in gone],
@@ -335,16 +340,28 @@ class _GroupJob(JobStages):
         self.order.done(rid)
 
     def start_restore(self, rid: str) -> None:
+        """Bring ``rid`` onto the job's group; when that fails, ``rid`` fails alone (pages
+        released) and the job goes on without it."""
         mv = self.restores[rid]
         self.timings.wait_s += self.order.before(rid)
-        if mv.src is None:
-            self._moved(rid, [("restore", self._restore(rid, mv.dst))])
-        elif mv.kind == "host":  # the plan priced it through the host: park, restore
-            park = self.node.park(rid)
-            self._moved(rid, [("host-park", park), ("host-restore", self._restore(rid, mv.dst))])
-        else:
-            self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
-        self.order.done(rid)
+        try:
+            if mv.src is None:
+                self._moved(rid, [("restore", self._restore(rid, mv.dst))])
+            elif mv.kind == "host":  # the plan priced it through the host: park, restore
+                park = self.node.park(rid)
+                self._moved(rid, [("host-park", park),
+                                  ("host-restore", self._restore(rid, mv.dst))])
+            else:
+                self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
+        except Exception as exc:
+            msg = (f"job {self.job.job_id}: move of {rid} onto {mv.dst}: "
+                   f"{type(exc).__name__}: {exc}")
+            log.error(msg)
+            self.devices._fail([rid], exc, msg)
+            with self.devices._lock:
+                self.owned[:] = [i for i in self.owned if i != rid]
+        finally:
+            self.order.done(rid)
 
     def encode(self, rids: list[str]) -> None:
         node, devices, mark = self.node, self.group, self.clock()
@@ -361,6 +378,8 @@ class _GroupJob(JobStages):
 
     def step(self, rids: list[str], steps: int, blocks: int | None) -> list[str]:
         mark = self.clock()
+        with self.devices._lock:  # a member whose move failed in this job is left out
+            rids = [rid for rid in rids if rid not in self.devices.failed]
         for _ in range(steps if rids else 0):
             begin = self.clock()
             self.node.step([(self.group, list(rids))])
@@ -431,7 +450,12 @@ class _GroupJob(JobStages):
 
     def _gather(self, rid: str, device: int, dropped: list[str]) -> bool:
         """Move ``rid`` onto ``device`` alone for its decode; when that fails the request
-        fails alone (pages released) and joins ``dropped`` (False)."""
+        fails alone (pages released) and joins ``dropped`` (False), as does one that
+        failed earlier in the job."""
+        with self.devices._lock:
+            if rid in self.devices.failed:
+                dropped.append(rid)
+                return False
         try:
             self.node.move(rid, (device,))
         except Exception as exc:  # that request fails (pages released); others decode

@@ -123,3 +123,21 @@ def test_a_job_that_parks_and_restores_the_same_request_does_not_wait_for_itself
     _wait_for(devices, {0}, limit_s=5.0)
     assert devices.errors == []
     assert node.calls == [("park", "r"), ("restore", "r", (0,)), ("step", [((0,), ["r"])])]
+
+
+def test_a_failed_restore_fails_that_request_alone_and_later_jobs_leave_it_out():
+    """Job 0 steps a (held on device 0) and r, restored from the host — but r is not
+    parked (its restore raises): r fails alone, a still takes its step. Job 1 again lists
+    both (the loop has not dropped r yet): r is left out without a second error, a steps."""
+    a, r = _req("a"), _req("r")
+    node = ParkingNode({"a": (0,)})
+    node.gate.set()
+    g0, _ = Node(2).groups(1)
+    failed = []
+    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
+    devices.launch(Job(0, g0, [a, r], 1, [Move(r, None, g0, "restore")], [], []), 0.0)
+    _wait_for(devices, {0})
+    devices.launch(Job(1, g0, [a, r], 1, [], [], []), 0.0)
+    _wait_for(devices, {1})
+    assert failed == ["r"] and devices.failed == {"r"} and len(devices.errors) == 1
+    assert node.calls == [("step", [((0,), ["a"])]), ("step", [((0,), ["a"])])]
