@@ -225,6 +225,7 @@ class EngineDevices:
         # them out, the rest run
         gone = {r.id for r in (*job.batch, *job.encodes)
                 if r.id in self.node.failed or r.id in failed}
+        planned = frozenset(r.id for r in job.batch)  # the batch the loop will report
         if gone:
             from ditmem.parallel.node import DeviceLost
 
@@ -236,7 +237,7 @@ class EngineDevices:
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone], job.split_decodes)
-        stages = _GroupJob(self, job, t, started, owned, lanes, order)
+        stages = _GroupJob(self, job, t, started, owned, lanes, order, planned)
         run_job(job, stages)
 
 
@@ -290,10 +291,13 @@ class _GroupJob(JobStages):
     """One job on the node engine's group (``run_job`` calls its stages in the loop's
     order); ``timings`` is the job's, filled as each stage ends; ``owned``: the ids a
     failure of the job fails (kept up to date as the job hands requests back); ``lanes``:
-    each decode's device (the loop's ``decode_lanes`` of the job it launched)."""
+    each decode's device (the loop's ``decode_lanes`` of the job it launched); ``planned``:
+    the ids of the batch the loop launched (it reports the job's step as theirs, so a step
+    that ran without one of them reports no step time)."""
 
     def __init__(self, devices: EngineDevices, job: Job, timings: Timings, started: float,
-                 owned: list[str], lanes: dict[str, int], order: _MoveOrder) -> None:
+                 owned: list[str], lanes: dict[str, int], order: _MoveOrder,
+                 planned: frozenset[str]) -> None:
         super().__init__(job)
         self.devices = devices
         self.node = devices.node
@@ -304,6 +308,7 @@ class _GroupJob(JobStages):
         self.owned = owned
         self.lanes = lanes
         self.order = order
+        self.planned = planned
 
     def _hand_back(self, released: tuple[int, ...], decoded: tuple[str, ...] = (), *,
                    stepped: bool = False) -> None:
@@ -344,6 +349,7 @@ class _GroupJob(JobStages):
         released) and the job goes on without it."""
         mv = self.restores[rid]
         self.timings.wait_s += self.order.before(rid)
+        timed = len(self.timings.move_s)
         try:
             if mv.src is None:
                 self._moved(rid, [("restore", self._restore(rid, mv.dst))])
@@ -360,6 +366,8 @@ class _GroupJob(JobStages):
             self.devices._fail([rid], exc, msg)
             with self.devices._lock:
                 self.owned[:] = [i for i in self.owned if i != rid]
+            if len(self.timings.move_s) == timed:  # its place in the job's moves: no time
+                self.timings.move_s.append(0.0)
         finally:
             self.order.done(rid)
 
@@ -385,6 +393,8 @@ class _GroupJob(JobStages):
             self.node.step([(self.group, list(rids))])
             self._event("stepped", rids, self.clock() - begin)
         self.timings.step_s = self.clock() - mark
+        if set(rids) != self.planned:  # not the batch the loop reports: no measurement of it
+            self.timings.step_s = 0.0
         return [r.id for r in self.job.decodes]
 
     def _event(self, kind: str, rids: list[str], seconds: float) -> None:
