@@ -233,12 +233,24 @@ class EngineDevices:
                 reason = self.node.failed[rid]
                 self._fail([rid], DeviceLost(f"{rid} failed: {reason}"),
                            f"job {job.job_id}: {rid} left out ({reason})")
+        moves = list(job.moves)  # the loop's: it zips them with ``Timings.move_s``
+        if gone:
             job = Job(job.job_id, job.group, [r for r in job.batch if r.id not in gone],
                       job.steps, [m for m in job.moves if m.request.id not in gone],
                       [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone], job.split_decodes)
         stages = _GroupJob(self, job, t, started, owned, lanes, order, planned)
-        run_job(job, stages)
+        try:
+            run_job(job, stages)
+        finally:
+            if len(job.moves) < len(moves):  # a left-out move keeps its place, with no time
+                timed, aligned = iter(t.move_s), []
+                for m in moves:
+                    secs = 0.0 if m.request.id in gone else next(timed, None)
+                    if secs is None:  # the moves the job never reached
+                        break
+                    aligned.append(secs)
+                t.move_s = aligned
 
 
 class _MoveOrder:

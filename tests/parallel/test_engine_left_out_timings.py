@@ -67,3 +67,22 @@ def test_a_failed_restore_keeps_the_later_moves_timings_in_the_jobs_order():
                                           Move(y, None, g0, "restore")], [], []), 0.0)
     c = _last(devices, 0)
     assert c.timings.move_s == [0.0, 0.5]
+
+
+def test_a_left_out_requests_move_keeps_its_place_in_the_jobs_order():
+    """r failed in job 0; job 1 (the loop has not dropped r yet) restores r, then y
+    (0.5 s): r's move is left out, and ``move_s`` still holds one entry per planned
+    move — nothing for r's, 0.5 s for y's."""
+    r, y = _req("r"), _req("y")
+    node = SlowRestores({})
+    node.parked.add("y")
+    node.gate.set()
+    g0, g1 = Node(2).groups(1)
+    devices = EngineDevices(node, lambda q: q)
+    devices.launch(Job(0, g1, [r], 1, [Move(r, None, g1, "restore")], [], []), 0.0)
+    _last(devices, 0)
+    devices.launch(Job(1, g0, [r, y], 1, [Move(r, None, g0, "restore"),
+                                          Move(y, None, g0, "restore")], [], []), 0.0)
+    c = _last(devices, 1)
+    assert len(devices.errors) == 1  # r's, once
+    assert c.timings.move_s == [0.0, 0.5]
