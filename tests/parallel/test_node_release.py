@@ -143,13 +143,13 @@ def test_a_restore_from_the_host_waits_for_no_other_device(node):
     and nothing is left behind once device 0's work ends."""
     from ditmem.parallel import commands as cmd
 
-    busy = Request("busy", 0.0, width=256, height=256, steps=8, seed=3)
+    busy = Request("busy", 0.0, width=256, height=256, steps=40, seed=3)
     r = Request("r", 0.0, width=64, height=64, steps=STEPS, seed=4)
     before = _pages(node)
     for q in (busy, r):
         assert node.encode(to_generation(q), 0)
     node.park("r")
-    queued = [node.submit({0: cmd.Step(["busy"], (0,))})[0] for _ in range(8)]
+    queued = [node.submit({0: cmd.Step(["busy"], (0,))})[0] for _ in range(40)]
     assert node.restore("r", (1,)) is not None
     assert not queued[-1].done()  # device 0 still runs its steps
     for f in queued:
@@ -168,7 +168,7 @@ def test_a_restored_requests_peak_does_not_count_the_host_copy_its_old_device_st
     depends on how long another job keeps the old device busy."""
     from ditmem.parallel import commands as cmd
 
-    busy = Request("busy2", 0.0, width=256, height=256, steps=8, seed=3)
+    busy = Request("busy2", 0.0, width=256, height=256, steps=40, seed=3)
     r = Request("r2", 0.0, width=64, height=64, steps=STEPS, seed=4)
     before = _pages(node)
     for q in (busy, r):
@@ -177,7 +177,7 @@ def test_a_restored_requests_peak_does_not_count_the_host_copy_its_old_device_st
     alone = node.peak_pages("r2")
     assert alone > 0
     node.park("r2")
-    queued = [node.submit({0: cmd.Step(["busy2"], (0,))})[0] for _ in range(8)]
+    queued = [node.submit({0: cmd.Step(["busy2"], (0,))})[0] for _ in range(40)]
     assert node.restore("r2", (1,)) is not None
     node.step([((1,), ["r2"])])
     assert not queued[-1].done()  # device 0 has not freed r2's host copy yet
