@@ -124,6 +124,15 @@ ORDERS = ("edf", "fifo")
 #: The order of late requests in spare time (step 2): oldest first, as given up, or least
 #: remaining work first.
 LATE_RANKS = ("arrival", "lane", "remaining")
+#: Which requests the give-up rule may set aside for an overrun within the forecast's
+#: expected arrivals (step 1): all, those not started yet, or none.
+GIVE_UP_FORECAST = ("all", "unstarted", "none")
+
+
+def _started(c: Candidate) -> bool:
+    """Has ``c`` run a step (or part of one)?"""
+    return isinstance(c.item, RequestStatus) and (
+        c.item.steps_done > 0 or c.item.blocks_done > 0)
 
 
 class SloPolicy(Policy):
@@ -138,6 +147,14 @@ class SloPolicy(Policy):
       (step 1; on by default);
     * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
       lower-priority arrivals cover (step 1; off: p0 +0.10 to +0.45, overall −0.06 to −0.25);
+    * ``give_up_forecast`` — which on-time requests the give-up rule may set aside for an
+      overrun within the work the forecast expects of arrivals still to come (step 1):
+      ``"all"`` (default), ``"unstarted"`` (a started request is kept until present work
+      alone overruns) or ``"none"``;
+    * ``late_joins_free`` — a late request joins a step only if every on-time request is
+      left as feasible as after the step without it (step 3; off: a late joiner may take an
+      on-time request's slack down to 0, and on the demo traces under class drift a late
+      1024² joining an on-time one's steps then lost both);
     * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
       on-time priority-0 request (step 3; 0, the default: any slack down to zero);
     * ``lone_p0_unpacked`` — a priority-0 request that no other candidate shares a shape
@@ -221,6 +238,8 @@ class SloPolicy(Policy):
         late_tile_margin: float | None = None,
         late_rank: str = "lane",
         late_decodes_first: bool = False,
+        give_up_forecast: str = "all",
+        late_joins_free: bool = False,
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
@@ -244,6 +263,11 @@ class SloPolicy(Policy):
             raise ValueError(f"late_rank must be one of {LATE_RANKS}, got {late_rank!r}")
         self.late_rank = late_rank
         self.late_decodes_first = late_decodes_first
+        if give_up_forecast not in GIVE_UP_FORECAST:
+            raise ValueError(f"give_up_forecast must be one of {GIVE_UP_FORECAST}, "
+                             f"got {give_up_forecast!r}")
+        self.give_up_forecast = give_up_forecast
+        self.late_joins_free = late_joins_free
         self._skip: set[str] = set()
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
@@ -398,6 +422,7 @@ class SloPolicy(Policy):
                 return self.forecast.work_before(d, now, 2) - self.forecast.work_before(d, now, 0)
         work = 0.0
         given_up = len(fresh)
+        kept = 0
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
             work += self._work(c)
@@ -408,6 +433,11 @@ class SloPolicy(Policy):
             ):
                 victim = set_aside(heap, work - cap, self.shield0, spare0)
                 if victim is None:  # the overrun is forecast work that yields to priority 0
+                    break
+                if self._kept_for_forecast(victim, work - cap, c, now):
+                    kept += 1  # back in the heap, first among equal keys, a rank of its own
+                    heapq.heappush(heap, (-victim.rem / victim.req.weight**self.give_up_power,
+                                          -kept, victim))
                     break
                 victim.late = True
                 fresh.append(victim)
@@ -433,6 +463,20 @@ class SloPolicy(Policy):
             )
             guard = min(guard, c.slack)
         return ontime
+
+    def _kept_for_forecast(self, victim: Candidate, excess: float, at: Candidate,
+                           now: float) -> bool:
+        """``give_up_forecast``: is ``victim`` kept on time because the overrun ``excess``
+        (s) at ``at``'s deadline is within the work the forecast expects of arrivals still to
+        come, and ``victim`` is one the rule may not give up for that: a started request
+        (``"unstarted"``) or any request (``"none"``)? Present work alone then fits; an
+        arrival that does come is set aside or served in its turn."""
+        if self.give_up_forecast == "all" or self.forecast is None:
+            return False
+        if self.give_up_forecast == "unstarted" and not _started(victim):
+            return False
+        outrank = at.req.priority if self.forecast_by_priority else 2
+        return excess <= self.forecast.work_before(at.req.deadline - now, now, outrank)
 
     def _fits(self, now: float, ontime: list[Candidate]) -> bool:
         """Does every deadline prefix of the on-time (not ``late``) requests of ``ontime``
@@ -690,18 +734,21 @@ class SloPolicy(Policy):
             # packed step's correction is its class's, learned on other mixes
             new_step = max(cost.step_time(model, tokens), step, c.tau)
             trial = batch + [c]
-            if self._batch_fits(now, trial, new_step, ontime) and make_room(
+            if self._batch_fits(now, trial, new_step, ontime,
+                                free=c.late and self.late_joins_free) and make_room(
                 cost, view, [c.item], plan, victim_order=self._victim_order
             ):
                 batch, step, base_step = trial, new_step, new_base
 
     def _batch_fits(
-        self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate]
+        self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate],
+        free: bool = False,
     ) -> bool:
         """After one step of ``batch`` (``step`` seconds), is every on-time request at least as
         feasible as after one step of the head alone (deadline order, remaining work), or
         left with slack of at least 0 — for priority 0, ``join_margin0`` × its remaining
-        work (s)?"""
+        work (s)? With ``free`` (a late joiner under ``late_joins_free``) only the first: the
+        joiner takes no on-time request's slack."""
         head, members = batch[0], {id(c): c for c in batch}
         work_b = work_h = 0.0
         for c in ontime:
@@ -713,6 +760,8 @@ class SloPolicy(Policy):
             after_batch = self._capacity(delta - step, now, c.req.priority, due=due) - work_b
             after_head = self._capacity(delta - head.tau, now, c.req.priority, due=due) - work_h
             keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
+            if free:
+                keep = INF
             if after_batch < min(keep, after_head) - 1e-9:
                 return False
         return True
