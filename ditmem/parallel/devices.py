@@ -32,6 +32,7 @@ Each move is timed (:class:`~ditmem.parallel.node.MoveTiming`, kept in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -352,17 +353,18 @@ class _GroupJob(JobStages):
         return timing
 
     def start_offload(self, rid: str) -> None:
+        """Park ``rid`` on the host; when that fails, ``rid`` fails alone (pages released)
+        and the job goes on without it (as :meth:`start_restore`)."""
         self.timings.wait_s += self.order.before(rid)
-        self._moved(rid, [("offload", self.node.park(rid))])
-        self.order.done(rid)
+        with self._alone(rid, "park of", "the host"):
+            self._moved(rid, [("offload", self.node.park(rid))])
 
     def start_restore(self, rid: str) -> None:
         """Bring ``rid`` onto the job's group; when that fails, ``rid`` fails alone (pages
         released) and the job goes on without it."""
         mv = self.restores[rid]
         self.timings.wait_s += self.order.before(rid)
-        timed = len(self.timings.move_s)
-        try:
+        with self._alone(rid, "move of", f"onto {mv.dst}"):
             if mv.src is None:
                 self._moved(rid, [("restore", self._restore(rid, mv.dst))])
             elif mv.kind == "host":  # the plan priced it through the host: park, restore
@@ -371,9 +373,16 @@ class _GroupJob(JobStages):
                                   ("host-restore", self._restore(rid, mv.dst))])
             else:
                 self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
+
+    @contextlib.contextmanager
+    def _alone(self, rid: str, what: str, where: str):
+        """One move of ``rid``: a failure inside fails ``rid`` alone (its place in the job's
+        ``Timings.move_s`` kept with 0 s); either way the next job's move of it may go."""
+        timed = len(self.timings.move_s)
+        try:
+            yield
         except Exception as exc:
-            msg = (f"job {self.job.job_id}: move of {rid} onto {mv.dst}: "
-                   f"{type(exc).__name__}: {exc}")
+            msg = f"job {self.job.job_id}: {what} {rid} {where}: {type(exc).__name__}: {exc}"
             log.error(msg)
             self.devices._fail([rid], exc, msg)
             with self.devices._lock:

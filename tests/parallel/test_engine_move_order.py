@@ -91,21 +91,56 @@ def test_a_restore_launched_after_a_park_of_the_same_request_waits_for_it():
     assert ("step", [((1,), ["r"])]) in node.calls
 
 
+class FailingOnce(dict):
+    """``NodeEngine.failed`` whose first lookup raises: the job that makes it dies before
+    its moves (what a bug or a lost control path would do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.raised = False
+
+    def __contains__(self, key):
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("control path lost")
+        return super().__contains__(key)
+
+
 def test_a_job_that_fails_before_its_move_does_not_hold_the_next_one():
-    """Job 0 fails before it reaches its park of r (its park of y, listed first, raises: y
-    is held nowhere); job 1's own park of r must not wait for it forever: it runs once job
-    0 has ended, and only job 0's error is kept."""
-    r, y = _req("r"), _req("y")
-    node = ParkingNode({"r": (1,)})
+    """Job 0 dies before it reaches its park of r; job 1's own park of r must not wait for
+    it forever: it runs once job 0 has ended, and only job 0's error is kept."""
+    r, x = _req("r"), _req("x")
+    node = ParkingNode({"r": (1,), "x": (0,)})
+    node.failed = FailingOnce()
     node.gate.set()
     g0, g1 = Node(2).groups(1)
     devices = EngineDevices(node, lambda q: q)
-    devices.launch(Job(0, g0, [], 0, [Move(y, g0, None, "offload"),
-                                      Move(r, g1, None, "offload")], [], []), 0.0)
+    devices.launch(Job(0, g0, [x], 1, [Move(r, g1, None, "offload")], [], []), 0.0)
+    _wait_for(devices, {0})
     devices.launch(Job(1, g1, [], 0, [Move(r, g1, None, "offload")], [], []), 0.0)
-    _wait_for(devices, {0, 1})
+    _wait_for(devices, {1})
     assert node.calls == [("park", "r")] and node.parked == {"r"}
     assert len(devices.errors) == 1 and "job 0" in devices.errors[0]
+
+
+def test_a_failed_park_fails_that_request_alone():
+    """Job 0 parks y (held nowhere: the park raises) to make room and steps a: y fails
+    alone, a still takes its step, and the job's move seconds keep y's place (0 s)."""
+    a, y = _req("a"), _req("y")
+    node = ParkingNode({"a": (0,)})
+    node.gate.set()
+    g0, _ = Node(2).groups(1)
+    failed = []
+    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
+    devices.launch(Job(0, g0, [a], 1, [Move(y, g0, None, "offload")], [], []), 0.0)
+    done = []
+    deadline = time.monotonic() + 20
+    while not any(c.last for c in done):
+        assert time.monotonic() < deadline
+        done += devices.wait(1.0)
+    assert failed == ["y"] and len(devices.errors) == 1 and "park of y" in devices.errors[0]
+    assert node.calls == [("step", [((0,), ["a"])])]
+    assert done[-1].timings.move_s == [0.0]
 
 
 def test_a_job_that_parks_and_restores_the_same_request_does_not_wait_for_itself():
