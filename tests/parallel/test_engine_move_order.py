@@ -59,12 +59,14 @@ class ParkingNode:
         self.holders.pop(rid, None)
 
 
-def _wait_for(devices, jobs, limit_s=20.0):
-    """Until every job in ``jobs`` has ended (its last event), at most ``limit_s``."""
-    deadline, ended = time.monotonic() + limit_s, set()
-    while ended != jobs:
-        assert time.monotonic() < deadline, f"jobs {jobs - ended} never ended"
-        ended |= {c.job.job_id for c in devices.wait(1.0) if c.last}
+def _wait_for(devices, jobs, limit_s=20.0) -> list:
+    """Until every job in ``jobs`` has ended (its last event), at most ``limit_s``; the
+    completions seen."""
+    deadline, seen = time.monotonic() + limit_s, []
+    while {c.job.job_id for c in seen if c.last} != jobs:
+        assert time.monotonic() < deadline, f"jobs {jobs} did not all end"
+        seen += devices.wait(1.0)
+    return seen
 
 
 def _req(rid):
@@ -133,11 +135,7 @@ def test_a_failed_park_fails_that_request_alone():
     failed = []
     devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
     devices.launch(Job(0, g0, [a], 1, [Move(y, g0, None, "offload")], [], []), 0.0)
-    done = []
-    deadline = time.monotonic() + 20
-    while not any(c.last for c in done):
-        assert time.monotonic() < deadline
-        done += devices.wait(1.0)
+    done = _wait_for(devices, {0})
     assert failed == ["y"] and len(devices.errors) == 1 and "park of y" in devices.errors[0]
     assert node.calls == [("step", [((0,), ["a"])])]
     assert done[-1].timings.move_s == [0.0]
