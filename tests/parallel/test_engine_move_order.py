@@ -69,6 +69,16 @@ def _wait_for(devices, jobs, limit_s=20.0) -> list:
     return seen
 
 
+def _open_devices(held: dict[str, tuple[int, ...]]):
+    """A ``ParkingNode`` holding ``held`` (its parks not gated) behind ``EngineDevices``:
+    (node, devices, the ids ``on_failed`` was called with)."""
+    node = ParkingNode(held)
+    node.gate.set()
+    failed: list[str] = []
+    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
+    return node, devices, failed
+
+
 def _req(rid):
     return Request(rid, 0.0, width=64, height=64, steps=4)
 
@@ -129,11 +139,8 @@ def test_a_failed_park_fails_that_request_alone():
     """Job 0 parks y (held nowhere: the park raises) to make room and steps a: y fails
     alone, a still takes its step, and the job's move seconds keep y's place (0 s)."""
     a, y = _req("a"), _req("y")
-    node = ParkingNode({"a": (0,)})
-    node.gate.set()
+    node, devices, failed = _open_devices({"a": (0,)})
     g0, _ = Node(2).groups(1)
-    failed = []
-    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
     devices.launch(Job(0, g0, [a], 1, [Move(y, g0, None, "offload")], [], []), 0.0)
     done = _wait_for(devices, {0})
     assert failed == ["y"] and len(devices.errors) == 1 and "park of y" in devices.errors[0]
@@ -163,11 +170,8 @@ def test_a_failed_restore_fails_that_request_alone_and_later_jobs_leave_it_out()
     parked (its restore raises): r fails alone, a still takes its step. Job 1 again lists
     both (the loop has not dropped r yet): r is left out without a second error, a steps."""
     a, r = _req("a"), _req("r")
-    node = ParkingNode({"a": (0,)})
-    node.gate.set()
+    node, devices, failed = _open_devices({"a": (0,)})
     g0, _ = Node(2).groups(1)
-    failed = []
-    devices = EngineDevices(node, lambda q: q, on_failed=lambda rid, exc: failed.append(rid))
     devices.launch(Job(0, g0, [a, r], 1, [Move(r, None, g0, "restore")], [], []), 0.0)
     _wait_for(devices, {0})
     devices.launch(Job(1, g0, [a, r], 1, [], [], []), 0.0)

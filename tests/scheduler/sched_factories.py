@@ -63,6 +63,18 @@ def table_cost(**kw) -> CostModel:
     return CostModel.from_dict(table_profile(**kw))
 
 
+def tiled_cost() -> CostModel:
+    """``table_profile`` with tiled decodes: a 512² steps in 1 s and decodes as 4 tiles of
+    0.5 s (256-px tiles)."""
+    data = table_profile(decode_s_per_mp=1.0)
+    data["models"]["qwen-image"].update(
+        decode_tile_px={"value": 256, "source": "test"},
+        decode_stride_px={"value": 256, "source": "test"},
+        decode_tile_s={"value": 0.5, "source": "test"},
+    )
+    return CostModel.from_dict(data)
+
+
 def req(
     rid: str,
     arrival: float = 0.0,

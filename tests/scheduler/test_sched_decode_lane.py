@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_factories import PAGE, req, table_profile
+from sched_factories import PAGE, req, table_profile, tiled_cost
 
 from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.decode_lane import DecodeLane
@@ -91,18 +91,8 @@ def test_cli_decode_flag_reaches_the_simulation(tmp_path):
     assert rows["concurrent"]["p50_s"] != rows["inline"]["p50_s"]
 
 
-def _tiled_cost():
-    data = table_profile(decode_s_per_mp=1.0)
-    data["models"]["qwen-image"].update(
-        decode_tile_px={"value": 256, "source": "test"},
-        decode_stride_px={"value": 256, "source": "test"},
-        decode_tile_s={"value": 0.5, "source": "test"},
-    )
-    return CostModel.from_dict(data)
-
-
 def test_tile_geometry_and_profile_validation():
-    cost = _tiled_cost()
+    cost = tiled_cost()
     assert cost.decode_tiles(req("x", size=512)) == [0.5] * 4
     assert cost.decode_tiles(req("y", size=256)) == [pytest.approx(1.0 * 256 * 256 / 1e6)]
     edge = cost.decode_tiles(req("z", size=384))  # tiles of 256 and 128 px per side
@@ -118,7 +108,7 @@ def test_tile_geometry_and_profile_validation():
     ("tiled", 12.0, 10.5),   # a's decode yields to b's steps and decode after one tile
 ])
 def test_tiled_decode_yields_to_an_earlier_deadline_by_hand(decode, finish_a, finish_b):
-    cost = _tiled_cost()  # 512²: 4 steps of 1 s, decode 4 tiles of 0.5 s
+    cost = tiled_cost()  # 512²: 4 steps of 1 s, decode 4 tiles of 0.5 s
     a = req("a", 0.0, steps=4, cost=cost)            # due 18
     b = req("b", 4.2, steps=4, slo_ms=6500, cost=cost)  # due 10.7
     result = simulate([a, b], make_policy("fifo", cost), decode=decode)
@@ -167,7 +157,7 @@ def test_a_late_decode_is_not_starved_by_a_stream_of_urgent_work():
     idles until 60 s). Before, its decode waited for the stream to end; now it finishes
     within S / share + n · T of its last step (S = 2 s of tiles, n = 4, T the longest other
     piece of work: one small step or decode)."""
-    cost = _tiled_cost()
+    cost = tiled_cost()
     big = req("big", 0.0, steps=4, slo_ms=3_000, cost=cost)
     probe = req("p", 0.0, size=256, steps=1, cost=cost)
     small_s = cost.standalone_time(probe)  # step + its one-tile decode
@@ -240,7 +230,7 @@ def test_a_late_decode_runs_in_the_spare_time_the_plan_grants_by_hand():
     assert no_share.pick(1.0, 5.0) is None
     assert no_share.pick(1.0, 5.0, spare=0.1) == "late"
 
-    cost = _tiled_cost()
+    cost = tiled_cost()
     late = req("L", 0.0, steps=4, slo_ms=3_000, cost=cost)
     ontime = req("B", 3.5, steps=4, slo_ms=30_000, cost=cost)
     finish = {}

@@ -3,9 +3,9 @@
 hand-computed schedules."""
 
 import pytest
-from sched_factories import PAGE, req, table_cost, table_profile
+from sched_factories import PAGE, req, table_cost, tiled_cost
 
-from ditmem.scheduler import CostModel, make_policy
+from ditmem.scheduler import make_policy
 from ditmem.scheduler.simulator import simulate
 
 
@@ -38,17 +38,6 @@ def test_slo_runs_nearly_done_late_requests_first_by_hand():
     assert finish_times(res) == {"A": 12.0, "B": 3.0}
 
 
-def _tiled_cost():
-    """512²: 1 s a step, decode 4 tiles of 0.5 s (256-px tiles)."""
-    data = table_profile(decode_s_per_mp=1.0)
-    data["models"]["qwen-image"].update(
-        decode_tile_px={"value": 256, "source": "test"},
-        decode_stride_px={"value": 256, "source": "test"},
-        decode_tile_s={"value": 0.5, "source": "test"},
-    )
-    return CostModel.from_dict(data)
-
-
 def test_slo_decodes_a_lost_late_request_before_late_steps_by_hand():
     """Issue 13 (session 11): ``late_decodes_first`` grants a pending late decode its tiles
     before a plan that runs only requests past saving. L1 (2 steps, decode 2 s in 4 tiles,
@@ -60,7 +49,7 @@ def test_slo_decodes_a_lost_late_request_before_late_steps_by_hand():
     past saving) grants L1's 2 s of tiles (the lane is [L2], given up at 1 and promised
     max(1.5 + 3 · 1, 1 + (3 + 8) / 0.1) = 111 s: far): L1 decodes 2–4, L2 steps 4–10 and
     decodes 10–12."""
-    cost = _tiled_cost()
+    cost = tiled_cost()
 
     def trace():
         return [req("L1", 0.0, steps=2, slo_ms=1_000, cost=cost),
