@@ -40,3 +40,41 @@ def test_late_joins_free_keeps_the_on_time_request():
     assert finish_times(late_joins_free=True) == {"L": pytest.approx(9.0),
                                                   "A": pytest.approx(5.0),
                                                   "B": pytest.approx(4.0)}
+
+
+class _Forecast:
+    """A forecast stub: 2 s of expected earlier-due arrivals within any window over 3 s."""
+
+    latest = float("inf")
+
+    def see(self, requests):
+        pass
+
+    def work_before(self, delta, now, priority=2):
+        return 2.0 if delta > 3.0 else 0.0
+
+
+def _forecast_finish(**options):
+    cost = table_cost()
+    trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
+             req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
+             req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
+             req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
+    pol = make_policy("slo", cost, batching=False, **options)
+    pol.forecast = _Forecast()
+    return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}
+
+
+def test_give_up_forecast_none_keeps_a_request_the_forecast_alone_overruns():
+    """Steps of 1 s, one request a step; the forecast charges 2 s before any deadline more
+    than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5 with
+    6.5 − 2 = 4.5 left: an overrun of 0.5 s, all of it forecast work. Default: A is set
+    aside; B 0–1, C (arrives 1, due 2.5) 1–2, D (arrives 2, due 9, on time) 2–4, late A
+    4–8 (missed). ``give_up_forecast="none"``: A is kept (the overrun at 1 and 2 is within
+    the forecast's 2 s too: 1.5, then 1.5 at A and 1 at D): B 0–1, C 1–2, A 2–6 (met),
+    D 6–8 (met). ``"unstarted"``: A has not started at 0, so as the default."""
+    default = {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0}
+    assert _forecast_finish() == pytest.approx(default)
+    assert _forecast_finish(give_up_forecast="unstarted") == pytest.approx(default)
+    assert _forecast_finish(give_up_forecast="none") == pytest.approx(
+        {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
