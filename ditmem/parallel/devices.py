@@ -356,6 +356,8 @@ class _GroupJob(JobStages):
         """Park ``rid`` on the host; when that fails, ``rid`` fails alone (pages released)
         and the job goes on without it (as :meth:`start_restore`)."""
         self.timings.wait_s += self.order.before(rid)
+        if self._failed_before(rid):
+            return
         with self._alone(rid, "park of", "the host"):
             self._moved(rid, [("offload", self.node.park(rid))])
 
@@ -364,6 +366,8 @@ class _GroupJob(JobStages):
         released) and the job goes on without it."""
         mv = self.restores[rid]
         self.timings.wait_s += self.order.before(rid)
+        if self._failed_before(rid):
+            return
         with self._alone(rid, "move of", f"onto {mv.dst}"):
             if mv.src is None:
                 self._moved(rid, [("restore", self._restore(rid, mv.dst))])
@@ -373,6 +377,17 @@ class _GroupJob(JobStages):
                                   ("host-restore", self._restore(rid, mv.dst))])
             else:
                 self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
+
+    def _failed_before(self, rid: str) -> bool:
+        """Whether ``rid`` failed earlier in this job (its park, before its restore here):
+        then this move is not tried (no second error), its place in ``Timings.move_s`` kept
+        with 0 s."""
+        with self.devices._lock:
+            if rid not in self.devices.failed:
+                return False
+        self.timings.move_s.append(0.0)
+        self.order.done(rid)
+        return True
 
     @contextlib.contextmanager
     def _alone(self, rid: str, what: str, where: str):

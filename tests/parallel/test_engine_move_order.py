@@ -178,3 +178,17 @@ def test_a_failed_restore_fails_that_request_alone_and_later_jobs_leave_it_out()
     _wait_for(devices, {1})
     assert failed == ["r"] and devices.failed == {"r"} and len(devices.errors) == 1
     assert node.calls == [("step", [((0,), ["a"])]), ("step", [((0,), ["a"])])]
+
+
+def test_a_job_whose_park_of_a_member_fails_does_not_fail_it_again_on_its_restore():
+    """A job parks r (a paused member of its own batch) and restores it onto its group;
+    the park raises (r is held nowhere): r fails once, its restore is not tried, and the
+    job's move seconds keep both places (0 s each)."""
+    r = _req("r")
+    node, devices, failed = _open_devices({})
+    g0, _ = Node(2).groups(1)
+    devices.launch(Job(0, g0, [r], 1, [Move(r, g0, None, "offload"),
+                                       Move(r, None, g0, "restore")], [], []), 0.0)
+    done = _wait_for(devices, {0})
+    assert failed == ["r"] and len(devices.errors) == 1
+    assert node.calls == [] and done[-1].timings.move_s == [0.0, 0.0]
