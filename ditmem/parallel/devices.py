@@ -32,7 +32,6 @@ Each move is timed (:class:`~ditmem.parallel.node.MoveTiming`, kept in
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -234,24 +233,11 @@ class EngineDevices:
                 reason = self.node.failed[rid]
                 self._fail([rid], DeviceLost(f"{rid} failed: {reason}"),
                            f"job {job.job_id}: {rid} left out ({reason})")
-        moves = list(job.moves)  # the loop's: it zips them with ``Timings.move_s``
-        if gone:
+        if gone:  # their moves stay: each is skipped in its place (``_GroupJob._move``)
             job = Job(job.job_id, job.group, [r for r in job.batch if r.id not in gone],
-                      job.steps, [m for m in job.moves if m.request.id not in gone],
-                      [r for r in job.encodes if r.id not in gone],
+                      job.steps, job.moves, [r for r in job.encodes if r.id not in gone],
                       [r for r in job.decodes if r.id not in gone], job.split_decodes)
-        stages = _GroupJob(self, job, t, started, owned, lanes, order, planned)
-        try:
-            run_job(job, stages)
-        finally:
-            if len(job.moves) < len(moves):  # a left-out move keeps its place, with no time
-                timed, aligned = iter(t.move_s), []
-                for m in moves:
-                    secs = 0.0 if m.request.id in gone else next(timed, None)
-                    if secs is None:  # the moves the job never reached
-                        break
-                    aligned.append(secs)
-                t.move_s = aligned
+        run_job(job, _GroupJob(self, job, t, started, owned, lanes, order, planned))
 
 
 class _MoveOrder:
@@ -353,58 +339,48 @@ class _GroupJob(JobStages):
         return timing
 
     def start_offload(self, rid: str) -> None:
-        """Park ``rid`` on the host; when that fails, ``rid`` fails alone (pages released)
-        and the job goes on without it (as :meth:`start_restore`)."""
-        self.timings.wait_s += self.order.before(rid)
-        if self._failed_before(rid):
-            return
-        with self._alone(rid, "park of", "the host"):
-            self._moved(rid, [("offload", self.node.park(rid))])
+        """Park ``rid`` on the host (see :meth:`_move`)."""
+        self._move(rid, "park of", "the host",
+                   lambda: [("offload", self.node.park(rid))])
 
     def start_restore(self, rid: str) -> None:
-        """Bring ``rid`` onto the job's group; when that fails, ``rid`` fails alone (pages
-        released) and the job goes on without it."""
+        """Bring ``rid`` onto the job's group (see :meth:`_move`)."""
         mv = self.restores[rid]
-        self.timings.wait_s += self.order.before(rid)
-        if self._failed_before(rid):
-            return
-        with self._alone(rid, "move of", f"onto {mv.dst}"):
+
+        def run() -> list[tuple[str, object]]:
             if mv.src is None:
-                self._moved(rid, [("restore", self._restore(rid, mv.dst))])
-            elif mv.kind == "host":  # the plan priced it through the host: park, restore
+                return [("restore", self._restore(rid, mv.dst))]
+            if mv.kind == "host":  # the plan priced it through the host: park, restore
                 park = self.node.park(rid)
-                self._moved(rid, [("host-park", park),
-                                  ("host-restore", self._restore(rid, mv.dst))])
-            else:
-                self._moved(rid, [("peer", self.node.move(rid, tuple(mv.dst.devices)))])
+                return [("host-park", park), ("host-restore", self._restore(rid, mv.dst))]
+            return [("peer", self.node.move(rid, tuple(mv.dst.devices)))]
 
-    def _failed_before(self, rid: str) -> bool:
-        """Whether ``rid`` failed earlier in this job (its park, before its restore here):
-        then this move is not tried (no second error), its place in ``Timings.move_s`` kept
-        with 0 s."""
-        with self.devices._lock:
-            if rid not in self.devices.failed:
-                return False
-        self.timings.move_s.append(0.0)
-        self.order.done(rid)
-        return True
+        self._move(rid, "move of", f"onto {mv.dst}", run)
 
-    @contextlib.contextmanager
-    def _alone(self, rid: str, what: str, where: str):
-        """One move of ``rid``: a failure inside fails ``rid`` alone (its place in the job's
-        ``Timings.move_s`` kept with 0 s); either way the next job's move of it may go."""
+    def _move(self, rid: str, what: str, where: str, run: Callable[[], list]) -> None:
+        """One move of ``rid`` in the job's order: after its move in the job launched
+        before, ``run()`` (its ``(kind, MoveTiming)`` commands, into ``_moved``). A request
+        that has failed already (in an earlier job, with a lost device, or in this job's
+        park before its restore) is not moved; one whose move fails fails alone (pages
+        released) and the job goes on without it. Either way its place in the job's
+        ``Timings.move_s`` (the loop zips it with the job's moves) is kept, with 0 s, and
+        the next job's move of it may go."""
+        self.timings.wait_s += self.order.before(rid)
         timed = len(self.timings.move_s)
         try:
-            yield
+            with self.devices._lock:
+                skip = rid in self.devices.failed
+            if not skip:
+                self._moved(rid, run())
         except Exception as exc:
             msg = f"job {self.job.job_id}: {what} {rid} {where}: {type(exc).__name__}: {exc}"
             log.error(msg)
             self.devices._fail([rid], exc, msg)
             with self.devices._lock:
                 self.owned[:] = [i for i in self.owned if i != rid]
+        finally:
             if len(self.timings.move_s) == timed:  # its place in the job's moves: no time
                 self.timings.move_s.append(0.0)
-        finally:
             self.order.done(rid)
 
     def encode(self, rids: list[str]) -> None:
