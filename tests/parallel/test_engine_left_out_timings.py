@@ -8,7 +8,7 @@ failed one's). Scripted node as ``test_engine_move_order``'s."""
 
 from __future__ import annotations
 
-from test_engine_move_order import ParkingNode, _req
+from test_engine_move_order import ParkingNode, _req, _wait_for
 
 from ditmem.parallel.devices import EngineDevices
 from ditmem.parallel.node import MoveTiming
@@ -24,15 +24,17 @@ class SlowRestores(ParkingNode):
         return MoveTiming(0.5)
 
 
-def _last(devices, job_id, limit_s=20.0):
-    import time
+def _slow_devices() -> EngineDevices:
+    """``EngineDevices`` on a ``SlowRestores`` node with y parked (its parks not gated)."""
+    node = SlowRestores({})
+    node.parked.add("y")
+    node.gate.set()
+    return EngineDevices(node, lambda q: q)
 
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        for c in devices.wait(1.0):
-            if c.last and c.job.job_id == job_id:
-                return c
-    raise AssertionError(f"job {job_id} never ended")
+
+def _last(devices, job_id):
+    """``job_id``'s last completion (``_wait_for``'s)."""
+    return next(c for c in reversed(_wait_for(devices, {job_id})) if c.last)
 
 
 def test_a_step_without_a_planned_member_reports_no_step_time():
@@ -58,11 +60,8 @@ def test_a_failed_restore_keeps_the_later_moves_timings_in_the_jobs_order():
     """Job 0 restores r (fails: not parked) then y (0.5 s): ``move_s`` holds one entry per
     planned move, in order — nothing for r's, 0.5 s for y's."""
     r, y = _req("r"), _req("y")
-    node = SlowRestores({})
-    node.parked.add("y")
-    node.gate.set()
+    devices = _slow_devices()
     g0, _ = Node(2).groups(1)
-    devices = EngineDevices(node, lambda q: q)
     devices.launch(Job(0, g0, [r, y], 1, [Move(r, None, g0, "restore"),
                                           Move(y, None, g0, "restore")], [], []), 0.0)
     c = _last(devices, 0)
@@ -74,11 +73,8 @@ def test_a_left_out_requests_move_keeps_its_place_in_the_jobs_order():
     (0.5 s): r's move is left out, and ``move_s`` still holds one entry per planned
     move — nothing for r's, 0.5 s for y's."""
     r, y = _req("r"), _req("y")
-    node = SlowRestores({})
-    node.parked.add("y")
-    node.gate.set()
+    devices = _slow_devices()
     g0, g1 = Node(2).groups(1)
-    devices = EngineDevices(node, lambda q: q)
     devices.launch(Job(0, g1, [r], 1, [Move(r, None, g1, "restore")], [], []), 0.0)
     _last(devices, 0)
     devices.launch(Job(1, g0, [r, y], 1, [Move(r, None, g0, "restore"),
