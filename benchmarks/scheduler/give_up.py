@@ -29,15 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from class_drift import DEMOS, one_device_settings, p0, seeds_arg  # noqa: E402
-from replay_bench import demo_trace, parse_setting, saved_demo  # noqa: E402
+from class_drift import one_device_settings, one_device_traces, p0, seeds_arg  # noqa: E402
+from replay_bench import parse_setting  # noqa: E402
 
-from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.metrics import summarize  # noqa: E402
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise  # noqa: E402
 from ditmem.scheduler.policies import make_policy  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
-from ditmem.scheduler.workloads import workload  # noqa: E402
 
 #: indices into ``class_drift.one_device_settings``: uniform, largest ×1.20, smallest ×1.20
 SETTINGS = (0, 2, 3)
@@ -45,19 +43,10 @@ log = logging.getLogger("give_up")
 
 
 def traces(part: str, args):
-    """(requests, cost, slo's decode, noise seed) per run of ``part``."""
-    if part == "demo":
-        for path in DEMOS:
-            runs, cost = saved_demo(str(path))
-            first = next(iter(runs.values()))
-            reqs = demo_trace(first, cost)
-            for seed in range(args.noise_seeds):
-                yield reqs, cost, first["decode"].get("slo", "inline"), seed
-    else:
-        cost = CostModel.load("h200")
-        for seed in args.seeds:
-            reqs = workload("seed-mix", cost, load=0.8, requests=args.requests, seed=seed)
-            yield reqs, cost, "inline", seed
+    """(requests, cost, slo's decode, noise seed) per run of ``part``
+    (``class_drift.one_device_traces``)."""
+    for _, reqs, cost, decode, seed in one_device_traces(part, args):
+        yield reqs, cost, decode.get("slo", "inline"), seed
 
 
 def run_part(part: str, variants: dict[str, dict], args) -> list[dict]:
