@@ -201,7 +201,8 @@ def one_device_traces(part: str, args):
     else:
         cost = CostModel.load("h200")
         for seed in args.seeds:
-            reqs = workload("seed-mix", cost, load=0.8, requests=args.requests, seed=seed)
+            reqs = workload("seed-mix", cost, load=0.8, requests=args.requests, seed=seed,
+                            arrival=getattr(args, "arrival", "poisson"))
             yield f"seed-mix s{seed}", reqs, cost, {}, seed
 
 

@@ -39,6 +39,8 @@ from ditmem.scheduler.simulator import simulate  # noqa: E402
 
 #: indices into ``class_drift.one_device_settings``: uniform, largest ×1.20, smallest ×1.20
 SETTINGS = (0, 2, 3)
+#: ``--settings`` names of those indices
+SETTING_NAMES = {"uniform": 0, "largest": 2, "smallest": 3}
 log = logging.getLogger("give_up")
 
 
@@ -56,7 +58,7 @@ def run_part(part: str, variants: dict[str, dict], args) -> list[dict]:
     for reqs, cost, decode, seed in traces(part, args):
         t0 = time.time()
         settings = one_device_settings(reqs)
-        for k in SETTINGS:
+        for k in args.settings:
             label[k], by = settings[k]
             for name, opts in variants.items():
                 pol = make_policy("slo", cost.fresh(), **opts)
@@ -104,8 +106,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=seeds_arg, default=[0, 1, 2], help="seed-mix seeds")
     ap.add_argument("--requests", type=int, default=2000, help="seed-mix requests per seed")
     ap.add_argument("--noise", dest="sigma", type=float, default=DEFAULT_SIGMA)
+    ap.add_argument("--arrival", default="poisson", help="seed-mix arrivals: poisson | gamma:CV")
+    ap.add_argument("--settings", default="uniform,largest,smallest",
+                    help=f"comma-separated, from {', '.join(SETTING_NAMES)}")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
+    names = [n.strip() for n in args.settings.split(",") if n.strip()]
+    if not names or any(n not in SETTING_NAMES for n in names):
+        ap.error(f"--settings: choose from {', '.join(SETTING_NAMES)}, got {args.settings!r}")
+    args.settings = [SETTING_NAMES[n] for n in names]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     variants = {"default": {}}
     for text in args.variant:

@@ -1,0 +1,97 @@
+"""``give_up_forecast="fits"`` (issue 13, session 12): the give-up rule charges each deadline
+prefix only the forecast work that fits before its own deadline after the present work due
+before it — hand-computed charges and decisions."""
+
+import pytest
+from sched_factories import PAGE, HandEngine, req, table_cost
+
+from ditmem.scheduler import make_policy
+from ditmem.scheduler.policies.forecast_fit import FittedCharge
+from ditmem.scheduler.simulator import simulate
+
+
+def test_the_charge_is_capped_at_the_room_before_each_deadline():
+    """Prefixes (room R, forecast F, own work w): (3, 0, 3), (4, 2, 2), (8, 2, 4), (10, 5, 0).
+    G_1 = 0; G_2 = 0 + min(2 − 0, 4 − 3 − 0) = 1 (the arrivals due in (3, 4] have 1 s
+    after the first request's 3); G_3 = 1 + min(0, 8 − 5 − 1) = 1; G_4 = 1 + min(3, 10 − 9
+    − 1) = 1. Dropping the second request (2 s): G_2 = min(2, 4 − 3) = 1 still, G_3 = 1,
+    G_4 = 1 + min(3, 10 − 7 − 1) = 3."""
+    ch = FittedCharge()
+    got = [ch.push(3.0, 0.0, 3.0), ch.push(4.0, 2.0, 2.0), ch.push(8.0, 2.0, 4.0),
+           ch.push(10.0, 5.0, 0.0)]
+    assert got == pytest.approx([0.0, 1.0, 1.0, 1.0])
+    ch.drop(1)
+    assert ch.charge == pytest.approx([0.0, 1.0, 1.0, 3.0])
+    assert ch.last() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="index"):
+        ch.drop(4)
+    with pytest.raises(ValueError, match="work"):
+        ch.push(1.0, 0.0, -1.0)
+
+
+class _Forecast:
+    """A forecast stub: 2 s of expected earlier-due arrivals within any window over 3 s."""
+
+    latest = float("inf")
+
+    def see(self, requests):
+        pass
+
+    def work_before(self, delta, now, priority=2):
+        return 2.0 if delta > 3.0 else 0.0
+
+
+def _decide(**options):
+    """One decision at 0: B (p0, 3 steps of 1 s, due 3), E (p2, 2 steps, due 4), A (p2, 4
+    steps, due 8)."""
+    cost = table_cost()
+    eng = HandEngine(cost)
+    for r in (req("B", 0.0, steps=3, priority=0, slo_ms=3_000, cost=cost),
+              req("E", 0.0, steps=2, priority=2, slo_ms=4_000, cost=cost),
+              req("A", 0.0, steps=4, priority=2, slo_ms=8_000, cost=cost)):
+        eng.arrive(r)
+    pol = make_policy("slo", cost, batching=False, **options)
+    pol.forecast = _Forecast()
+    plan = pol.schedule(0.0, eng.view())
+    return plan.batch, pol.late_ids()
+
+
+def test_fits_keeps_a_priority0_request_the_forecast_arrivals_could_not_displace():
+    """The forecast's 2 s are due after 3 s, i.e. after B. Default ("all"): the prefix to
+    E's deadline holds 3 + 2 = 5 s against 4 − 2 = 2: E (2 / 1² > 3 / 3²) and then B (no
+    lower-priority request present covers the 1 s left) are set aside; A's prefix, 4 s
+    <= 8 − 2, fits. Take back: B back makes A's prefix 7 > 6 (no), E back fits (2 <= 2,
+    6 <= 6): B, priority 0, stays late for arrivals due after it, and E runs. "fits":
+    those arrivals have 4 − 3 = 1 s before E's deadline, so E's prefix holds 5 > 4 − 1:
+    E is set aside (its own work is the overrun); then 3 <= 3 and A's prefix 7 <= 8 − 1.
+    B runs, E is the one late."""
+    assert _decide() == (["E"], ("B",))
+    assert _decide(give_up_forecast="fits") == (["B"], ("E",))
+
+
+def test_fits_still_charges_arrivals_that_fit():
+    """The session-11 trace (``test_sched_late_joins``): B (due 1.5, 1 step) and A (due 6.5,
+    4 steps) at 0, C (due 2.5, 1 step) at 1, D (due 9, 2 steps) at 2; the forecast's 2 s
+    are due after 3 s, with 6.5 − 1 = 5.5 s free for them before A's deadline, so "fits"
+    charges all 2 s as the default does: A is set aside at 0 and ends at 8 (B 0–1, C 1–2,
+    D 2–4, A 4–8), where "none" keeps it (A 2–6, D 6–8)."""
+    cost = table_cost()
+
+    def finish(**options):
+        trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
+                 req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
+                 req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
+                 req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
+        pol = make_policy("slo", cost, batching=False, **options)
+        pol.forecast = _Forecast()
+        return {r.request.id: r.finished for r in simulate(trace, pol, page_bytes=PAGE).records}
+
+    assert finish(give_up_forecast="fits") == pytest.approx(
+        {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})
+    assert finish(give_up_forecast="none") == pytest.approx(
+        {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
+
+
+def test_fits_needs_one_forecast_over_all_priorities():
+    with pytest.raises(ValueError, match="forecast_by_priority"):
+        make_policy("slo", table_cost(), give_up_forecast="fits", forecast_by_priority=True)
