@@ -126,10 +126,10 @@ ORDERS = ("edf", "fifo")
 #: remaining work first.
 LATE_RANKS = ("arrival", "lane", "remaining")
 #: Which requests the give-up rule may set aside for an overrun within the forecast's
-#: expected arrivals (step 1): all, those not started yet, none, or all but with the
+#: expected arrivals (step 1): all, those not started yet, none, all but with the
 #: forecast charging only the arrivals that fit before their own deadlines
-#: (``forecast_fit``).
-GIVE_UP_FORECAST = ("all", "unstarted", "none", "fits")
+#: (``forecast_fit``), or only for the arrivals the rule would not set aside first.
+GIVE_UP_FORECAST = ("all", "unstarted", "none", "fits", "ranked")
 
 
 def _started(c: Candidate) -> bool:
@@ -156,7 +156,10 @@ class SloPolicy(Policy):
       alone overruns), ``"none"`` or ``"fits"`` (any request, but each deadline prefix is
       charged only the forecast work that fits before its own deadline after the present
       work due before it: an arrival that would be late anyway costs no on-time request its
-      place; ``forecast_fit``; the slacks keep the full charge);
+      place; ``forecast_fit``; the slacks keep the full charge) or ``"ranked"`` (a request is
+      kept when the overrun is within the forecast work of arrivals that the rule would
+      itself set aside before it — as much remaining work per weight**``give_up_power`` or
+      more: they are given up for it once present, so they take nothing from it);
     * ``late_joins_free`` — a late request joins a step only if every on-time request is
       left as feasible as after the step without it (step 3; off: a late joiner may take an
       on-time request's slack down to 0, and on the demo traces under class drift a late
@@ -508,13 +511,20 @@ class SloPolicy(Policy):
         (s) at ``at``'s deadline is within the work the forecast expects of arrivals still to
         come, and ``victim`` is one the rule may not give up for that: a started request
         (``"unstarted"``) or any request (``"none"``)? Present work alone then fits; an
-        arrival that does come is set aside or served in its turn."""
+        arrival that does come is set aside or served in its turn. ``"ranked"``: is the
+        overrun within the expected work of the arrivals the rule would set aside before
+        ``victim`` (``ArrivalForecast.work_ranked_before``)?"""
         if self.give_up_forecast in ("all", "fits") or self.forecast is None:
             return False
         if self.give_up_forecast == "unstarted" and not _started(victim):
             return False
         outrank = at.req.priority if self.forecast_by_priority else 2
-        return excess <= self.forecast.work_before(at.req.deadline - now, now, outrank)
+        delta = at.req.deadline - now
+        if self.give_up_forecast == "ranked":
+            key = victim.rem / victim.req.weight**self.give_up_power
+            return excess <= self.forecast.work_ranked_before(delta, now, key,
+                                                              self.give_up_power, outrank)
+        return excess <= self.forecast.work_before(delta, now, outrank)
 
     def _fits(self, now: float, ontime: list[Candidate]) -> bool:
         """Does every deadline prefix of the on-time (not ``late``) requests of ``ontime``
