@@ -18,9 +18,14 @@ learns a measured/predicted factor online (``observe_move``, EWMA) as steps do.
 A move reads from and writes to devices (``move_mask``): it cannot start before every one
 of them is free, i.e. before the job running there (another request's step) ends —
 ``move_wait`` prices that from the devices' busy-until times.
-Step times learn online: one measured/predicted factor per model (EWMA), normalised to
-degree 1. The CostModel's own step times are read once per batch shape (the node never
-feeds it; its corrections stay as they were).
+Step times learn online, measured/predicted factors (EWMA) per *shape class* (model, total
+tokens of the batch in half-octaves, degree), per (model, degree) and per model; a step is
+priced with the most specific factor measured (a real node's drift differs by class and by
+degree: session 11's run, degree-2 steps of 256² ×1.26, of 1024² ×1.12, degree 1 ×1.11).
+Packing gains are judged in the profile's units (``base_step_time``), as on one device, so
+two classes' different factors are not taken for a gain. Encodes learn one factor per
+model (``observe_encode``). The CostModel's own times are read once per batch shape (the
+node never feeds it: the simulator's truth may share it).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..cost import CostModel, _decode_bucket
+from ..cost import CostModel, _decode_bucket, _octave_bucket
 from ..request import Request
 from .speedup import ParallelProfile
 from .topology import Group
@@ -100,6 +105,8 @@ class NodeCost:
         self.name = cost.name
         self._alpha = correction_alpha
         self._correction: dict[str, float] = {}
+        self._step_correction: dict[tuple, float] = {}
+        self._encode_correction: dict[str, float] = {}
         self._move_correction: dict[str, float] = {}
         self._decode_correction: dict[tuple[str, int], float] = {}
         self._alone: dict[tuple[str, int, int], float] = {}
@@ -110,10 +117,22 @@ class NodeCost:
         return self.parallel.speedup(model, tokens, degree)
 
     def correction(self, model: str) -> float:
+        """The model's measured/predicted step factor over all its classes and degrees (1.0
+        before feedback)."""
         return self._correction.get(model, 1.0)
 
-    def step_time(self, model: str, tokens: Sequence[int], degree: int = 1) -> float:
-        """Seconds for one step of a packed batch (token counts ``tokens``) at ``degree``."""
+    def step_correction(self, model: str, tokens: Sequence[int] | int, degree: int = 1) -> float:
+        """The factor a step of ``tokens`` (token counts of its members, or their total) at
+        ``degree`` is priced with: its shape class's, else its degree's, else its model's."""
+        total = tokens if isinstance(tokens, int) else sum(tokens)
+        factor = self._step_correction.get((model, _octave_bucket(total), degree))
+        if factor is None:
+            factor = self._step_correction.get((model, degree))
+        return self.correction(model) if factor is None else factor
+
+    def base_step_time(self, model: str, tokens: Sequence[int], degree: int = 1) -> float:
+        """The profile's seconds for one step of a packed batch at ``degree``, no learned
+        factor: what a packing gain is judged in (module docstring)."""
         if not tokens:
             return 0.0
         key = (model, tuple(sorted(tokens)), degree)
@@ -121,10 +140,17 @@ class NodeCost:
         if base is None:
             base = self.cost.step_time(model, tokens) / self.speedup(model, sum(tokens), degree)
             self._batch[key] = base
-        return base * self.correction(model)
+        return base
 
-    def alone_step(self, request: Request, degree: int = 1) -> float:
-        """Seconds of one step of ``request`` alone at ``degree``."""
+    def step_time(self, model: str, tokens: Sequence[int], degree: int = 1) -> float:
+        """Seconds for one step of a packed batch (token counts ``tokens``) at ``degree``."""
+        if not tokens:
+            return 0.0
+        return self.base_step_time(model, tokens, degree) * self.step_correction(
+            model, tokens, degree)
+
+    def base_alone_step(self, request: Request, degree: int = 1) -> float:
+        """The profile's seconds of one step of ``request`` alone at ``degree``."""
         key = (request.model, self.cost.tokens(request), degree)
         base = self._alone.get(key)
         if base is None:
@@ -132,14 +158,23 @@ class NodeCost:
                 request.model, key[1], degree
             )
             self._alone[key] = base
-        return base * self.correction(request.model)
+        return base
+
+    def alone_step(self, request: Request, degree: int = 1) -> float:
+        """Seconds of one step of ``request`` alone at ``degree``."""
+        return self.base_alone_step(request, degree) * self.step_correction(
+            request.model, self.cost.tokens(request), degree)
+
+    def encode_time(self, request: Request) -> float:
+        """Seconds of ``request``'s prompt encode (the profile's, learned factor included)."""
+        return self.cost.encode_time(request) * self._encode_correction.get(request.model, 1.0)
 
     def remaining(self, request: Request, steps_done: int, degree: int = 1) -> float:
         """Seconds still needed alone at ``degree``: steps left + decode (+ encode when it
         has not started)."""
         rest = (request.steps - steps_done) * self.alone_step(request, degree)
         rest += self.decode_time(request)
-        return rest + (self.cost.encode_time(request) if steps_done == 0 else 0.0)
+        return rest + (self.encode_time(request) if steps_done == 0 else 0.0)
 
     def decode_parts(self, request: Request, devices: int = 1) -> tuple[list[float], float]:
         """(seconds of each device's tiles, seconds of the blend after them) of ``request``'s
@@ -259,12 +294,37 @@ class NodeCost:
     def observe_step(
         self, model: str, tokens: Sequence[int], degree: int, steps: int, measured_s: float
     ) -> None:
-        """Fold ``steps`` measured steps (``measured_s`` in all) into the model's factor."""
-        if steps <= 0 or measured_s <= 0 or not tokens:
+        """Fold ``steps`` measured steps (``measured_s`` in all) of a batch of ``tokens`` at
+        ``degree`` into its shape class's, its degree's and its model's factors."""
+        if steps <= 0 or not (measured_s > 0 and math.isfinite(measured_s)) or not tokens:
             return
-        predicted = self.step_time(model, tokens, degree) / self.correction(model) * steps
-        old = self.correction(model)
-        self._correction[model] = (1 - self._alpha) * old + self._alpha * measured_s / predicted
+        ratio = measured_s / (self.base_step_time(model, tokens, degree) * steps)
+        a = self._alpha
+        olds = {(model, _octave_bucket(sum(tokens)), degree):
+                self.step_correction(model, tokens, degree),
+                (model, degree): self._step_correction.get((model, degree),
+                                                           self.correction(model))}
+        for key, old in olds.items():
+            self._step_correction[key] = (1 - a) * old + a * ratio
+        self._correction[model] = (1 - a) * self.correction(model) + a * ratio
+
+    def observe_encode(self, requests: Sequence[Request], degree: int, measured_s: float
+                       ) -> None:
+        """Fold one job's encodes (``requests``, spread round-robin over the ``degree``
+        devices of its group; ``measured_s`` from the first start to the last end) into
+        their model's encode factor."""
+        if not requests or not (measured_s > 0 and math.isfinite(measured_s)):
+            return
+        loads = [0.0] * max(1, min(degree, len(requests)))
+        for i, r in enumerate(requests):
+            loads[i % len(loads)] += self.cost.encode_time(r)
+        predicted = max(loads)
+        if predicted <= 0:
+            return
+        model = requests[0].model
+        old = self._encode_correction.get(model, 1.0)
+        self._encode_correction[model] = (1 - self._alpha) * old + self._alpha * (
+            measured_s / predicted)
 
     def observe_move(self, kind: str, predicted_s: float, measured_s: float) -> None:
         """Fold one measured move into the factor of its ``kind`` (one of ``MOVE_KINDS``).

@@ -64,6 +64,8 @@ class NodeReport:
     #: (request, devices, measured s) per decode the devices measured whole
     #: (``Timings.decodes``; ``NodeCost.observe_decode``).
     decodes: list[tuple[Request, int, float]] = field(default_factory=list)
+    #: the requests whose encodes ``encode_s`` measured (``NodeCost.observe_encode``)
+    encoded: list[Request] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -387,7 +389,7 @@ def run_node(
             NodeReport(c.finished, job.group, [r.id for r in job.batch], model,
                        [truth.cost.tokens(r) for r in job.batch], job.steps, t.transfer_s,
                        t.encode_s, t.step_s, t.decode_s, list(run.finished), t.wait_s, moves,
-                       decoded)
+                       decoded, list(job.encodes))
         )
 
     def drop(rid: str) -> bool:
@@ -486,7 +488,7 @@ def _predict(
             if outside >> d & 1:
                 sends[d] = clock
     cost = ncost.cost
-    clock += spread([cost.encode_time(r) for r in job.encodes], job.group.degree)
+    clock += spread([ncost.encode_time(r) for r in job.encodes], job.group.degree)
     if job.batch:
         tokens = [cost.tokens(r) for r in job.batch]
         clock += job.steps * ncost.step_time(job.batch[0].model, tokens, job.group.degree)

@@ -87,6 +87,9 @@ class NodePolicy:
                 self.ncost.observe_move(kind, predicted, measured)
         for request, devices, measured in getattr(report, "decodes", ()):
             self.ncost.observe_decode(request, devices, measured)
+        if report.encode_s > 0:
+            self.ncost.observe_encode(getattr(report, "encoded", ()), report.group.degree,
+                                      report.encode_s)
 
 
 class Placer:

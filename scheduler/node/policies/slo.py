@@ -136,6 +136,7 @@ from ..cost import NodeCost
 from ..plan import Assignment, NodePlan, NodeStatus, NodeView
 from ..topology import Group, Node
 from .base import NodePolicy, Placer, best_group
+from .tier_goal import TierGoals, tier_of
 
 INF = float("inf")
 
@@ -155,12 +156,13 @@ class _Cand:
         self.promise = INF
 
     def step(self, k: int) -> float:
-        """One step alone at the k-th node degree."""
-        return self.tau[k] * self.corr
+        """One step alone at the k-th node degree (``tau``: the profile's; ``corr``: the
+        learned factor at each degree)."""
+        return self.tau[k] * self.corr[k]
 
     def rem(self, k: int) -> float:
         """Seconds left alone at the k-th node degree."""
-        return self.steps_left * self.tau[k] * self.corr + self.dec + (
+        return self.steps_left * self.tau[k] * self.corr[k] + self.dec + (
             0.0 if self.started else self.enc
         )
 
@@ -221,6 +223,9 @@ class NodeSloPolicy(NodePolicy):
         split_yield: bool = True,
         yield_margin: float = 0.0,
         goal: float = 0.0,
+        tier_goal: bool = False,
+        tier_goal_percentile: float = 95.0,
+        tier_goal_window: int = 100,
     ):
         super().__init__(ncost, node)
         self.split_decodes = split_decodes
@@ -248,6 +253,12 @@ class NodeSloPolicy(NodePolicy):
         if not 0.0 <= goal < 1.0:
             raise ValueError(f"goal must be in [0, 1), got {goal}")
         self.goal = goal
+        #: ``tier_goal``: per-tier goals measured at run time (None: off)
+        self.tier_goals = (
+            TierGoals(tier_goal_percentile, tier_goal_window) if tier_goal else None
+        )
+        #: per decision: tier → goal latency (s) from ``tier_goals``
+        self._tier_due: dict = {}
         #: ids of the requests that have had a reachable goal (``_goal_targets``)
         self._goal_seen: set[str] = set()
         #: per decision: scaling requests whose goal is lost, and the goal targets
@@ -278,18 +289,15 @@ class NodeSloPolicy(NodePolicy):
 
     # ---- numbers -----------------------------------------------------------------------
     def _cand(self, item, req: Request, steps_done: int, home: Group | None, now: float):
-        static = self._static.get(req.id)
-        if static is None:
-            base = tuple(
-                self.ncost.alone_step(req, d) / self.ncost.correction(req.model)
-                for d in self.node.degrees
-            )
-            cost = self.ncost.cost
-            static = (base, self.ncost.decode_time(req), cost.encode_time(req))
-            self._static[req.id] = static
-        base, dec, enc = static
-        c = _Cand(item, req, req.steps - steps_done, steps_done > 0, home, base,
-                  self.ncost.correction(req.model), dec, enc)
+        ncost = self.ncost
+        base = self._static.get(req.id)
+        if base is None:
+            base = tuple(ncost.base_alone_step(req, d) for d in self.node.degrees)
+            self._static[req.id] = base
+        tokens = ncost.cost.tokens(req)
+        corr = tuple(ncost.step_correction(req.model, tokens, d) for d in self.node.degrees)
+        c = _Cand(item, req, req.steps - steps_done, steps_done > 0, home, base, corr,
+                  ncost.decode_time(req), ncost.encode_time(req))
         budget = req.deadline - now
         for k, d in enumerate(self.node.degrees):
             rem = c.rem(k)
@@ -394,6 +402,11 @@ class NodeSloPolicy(NodePolicy):
             self._promise_new(view)
         if self.forecast is not None:
             self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
+        if self.tier_goals is not None:
+            tg = self.tier_goals
+            for r in view.waiting.arrived_after(tg.latest):
+                tg.see(r, self.ncost.standalone(r, 1))
+            self._tier_due = tg.goals()
         cands = [self._cand(s, s.request, s.steps_done, s.group, now) for s in view.paused]
         cands += [
             self._cand(r, r, 0, None, now) for r in view.waiting.iter_by("deadline", self.window)
@@ -607,7 +620,7 @@ class NodeSloPolicy(NodePolicy):
         that ``_fits``."""
         if self.longest <= 0:
             return []
-        if self.goal > 0:
+        if self.goal > 0 or self._tier_due:
             chosen = self._goal_targets(now, ontime, everyone)
             if chosen:
                 self._goal_ids = {id(c) for c, _ in chosen}
@@ -646,7 +659,13 @@ class NodeSloPolicy(NodePolicy):
             if not self._scales(c):
                 continue
             r = c.req
-            due = r.arrival + self.goal * (r.deadline - r.arrival)
+            if self.tier_goals is not None:
+                g = self._tier_due.get(tier_of(r))
+                if g is None:
+                    continue  # no goal for its tier: not a target, not lost
+                due = r.arrival + g
+            else:
+                due = r.arrival + self.goal * (r.deadline - r.arrival)
             for k in range(1, len(degrees)):
                 if c.tau[0] / c.tau[k] / degrees[k] < self.efficiency:
                     lost.append(c)
@@ -754,10 +773,12 @@ class NodeSloPolicy(NodePolicy):
                 if members[0].req.model != c.req.model:
                     continue
                 tokens = [cost.cost.tokens(m.req) for m in members]
-                old = cost.step_time(c.req.model, tokens, 1)
-                new = cost.step_time(c.req.model, tokens + [cost.cost.tokens(c.req)], 1)
-                if new - old > (1.0 - self.min_gain) * c.step(0):
-                    continue
+                joined = tokens + [cost.cost.tokens(c.req)]
+                old = cost.base_step_time(c.req.model, tokens, 1)
+                if cost.base_step_time(c.req.model, joined, 1) - old > (
+                        1.0 - self.min_gain) * c.tau[0]:
+                    continue  # judged in the profile's units (NodeCost docstring)
+                new = cost.step_time(c.req.model, joined, 1)
                 # Every on-time member must still finish in time if the batch stays together,
                 # with a margin for timing error; with ``decode_aware``, after the decodes of
                 # the members that finish no later (on one device they run one after another).
@@ -848,10 +869,14 @@ class NodeSloPolicy(NodePolicy):
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)
+        if self.tier_goals is not None:
+            self.tier_goals.forget(request_id)
         self._goal_seen.discard(request_id)
         self.shadow.forget(request_id)
 
     def observe(self, report) -> None:
         super().observe(report)
         for rid in report.finished:
+            if self.tier_goals is not None:
+                self.tier_goals.finished(rid, report.now)
             self.forget(rid)
