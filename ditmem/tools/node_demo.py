@@ -294,12 +294,18 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     from ditmem.scheduler.node.policies import make_node_policy
     from ditmem.scheduler.node.simulator import run_node
     from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.simulator import Record
     from ditmem.tools.replay import to_generation
 
     truth = NodeCost(cost)
     topo = Node(topo_devices, truth.links)
     policy = logged(make_node_policy(name, NodeCost(cost), topo), trace, log)
-    devices = EngineDevices(node, to_generation, decode_tile=decode_tile)
+    def let_go(rid: str, exc: BaseException) -> None:
+        """A failed request leaves the loop (as ``serve`` does): it holds no device time and
+        no pages; it is counted as a miss below."""
+        intake.cancel(rid)
+
+    devices = EngineDevices(node, to_generation, decode_tile=decode_tile, on_failed=let_go)
     counting = CountingDevices(devices, truth)
     tracked = TrackedDevices(counting, truth)
     progress.label, progress.total = name, len(trace)
@@ -319,6 +325,10 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     for rec in result.records:  # a request whose job failed is a miss
         if rec.request.id in devices.failed:
             rec.finished = math.inf
+    kept = {rec.request.id for rec in result.records}
+    result.records.extend(Record(r, r.arrival, math.inf, 0, 0) for r in requests
+                          if r.id in devices.failed and r.id not in kept)
+    result.records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
     out = summarize(result.records)
     steps: dict[str, int] = {}
     for rec in result.records:
