@@ -3,13 +3,16 @@ fifo, side by side on the same traces (8 × h200, noise on, σ 3 %).
 
     python benchmarks/scheduler/node_goal.py [--workloads seed-mix,omni-mix] [--loads 0.7]
         [--seeds 0,1] [--requests 1000] [--goals 0,0.17,0.21] [--fifo] [--json OUT]
+        [--variants "tier:tier_goal=true;w50:tier_goal=true,tier_goal_window=50"]
 
 Per workload, load and goal (0: ``slo``'s default, no goal) the pooled attainment, priority-0
 attainment, P50 / P95 / P99 / max latency (s), and per tier (request width) the median and
 the tier's 67th percentile latency and its share of steps at each degree (where the P95
 lies: seed-mix's at the 2048² tier's median, omni-mix's at the 1536² tier's 67th
 percentile). ``--fifo`` adds the static fifo deployment at degree 1 (the best static one at
-ρ 0.7, docs/results/node.md) for the P95 ÷ fifo's column. Rows go to ``--json``.
+ρ 0.7, docs/results/node.md) for the P95 ÷ fifo's column. ``--variants``: more ``slo`` rows,
+each ``NAME:opt=value,...`` (values parsed as JSON, else kept as strings), ``;``-separated.
+Rows go to ``--json``.
 """
 
 from __future__ import annotations
@@ -45,8 +48,27 @@ def _tiers(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def run(workloads, loads, seeds, requests, goals, fifo: bool) -> list[dict]:
-    """One row per (workload, load, variant): fifo d=1 when ``fifo``, then slo per goal."""
+def parse_variants(spec: str) -> list[tuple[str, dict]]:
+    """``NAME:opt=value,...;...`` → [(name, options)] (values as JSON where they parse)."""
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, opts = part.partition(":")
+        options = {}
+        for kv in filter(None, opts.split(",")):
+            k, eq, v = kv.partition("=")
+            if not eq:
+                raise ValueError(f"--variants: option {kv!r} is not opt=value")
+            try:
+                options[k.strip()] = json.loads(v)
+            except json.JSONDecodeError:
+                options[k.strip()] = v
+        out.append((f"slo {name.strip()}", options))
+    return out
+
+
+def run(workloads, loads, seeds, requests, goals, fifo: bool, extra=()) -> list[dict]:
+    """One row per (workload, load, variant): fifo d=1 when ``fifo``, then slo per goal,
+    then the ``extra`` (name, slo options) variants."""
     cost = CostModel.load("h200")
     rows = []
     for wl in workloads:
@@ -56,6 +78,7 @@ def run(workloads, loads, seeds, requests, goals, fifo: bool) -> list[dict]:
                 ("slo" if g == 0 else f"slo goal={g:g}", "slo", {"goal": g} if g else {})
                 for g in goals
             ]
+            variants += [(name, "slo", options) for name, options in extra]
             for name, policy, options in variants:
                 sc = NodeScenario(cost, 8, wl, requests=requests, seeds=tuple(seeds),
                                   policy_options={policy: options}, per_request=True)
@@ -89,6 +112,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--goals", default="0,0.17,0.21", help="comma list; 0 = slo's default")
     ap.add_argument("--fifo", action="store_true", help="add fifo at degree 1")
+    ap.add_argument("--variants", default="", help="NAME:opt=value,...;... more slo rows")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     goals = [float(g) for g in a.goals.split(",")]
@@ -96,7 +120,8 @@ def main(argv=None) -> None:
         if not 0.0 <= g < 1.0:
             raise ValueError(f"--goals: each in [0, 1), got {g}")
     rows = run(a.workloads.split(","), [float(x) for x in a.loads.split(",")],
-               [int(s) for s in a.seeds.split(",")], a.requests, goals, a.fifo)
+               [int(s) for s in a.seeds.split(",")], a.requests, goals, a.fifo,
+               parse_variants(a.variants))
     if a.json:
         with open(a.json, "w") as f:
             command = "python benchmarks/scheduler/node_goal.py " + " ".join(argv or [])
