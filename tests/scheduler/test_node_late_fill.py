@@ -1,0 +1,53 @@
+"""``slo``'s ``late_fill`` (off by default), hand-computed on two devices of the round-number
+profile (``node_factories``: a 512² step 1 s at any degree, a 1024² step 4 s at degree 1 and
+2 s at degree 2; encode and decode free). ``decode_guard`` and ``spare`` are off to isolate
+the rule (L's window below is shorter than its work, which would make the decode guard hold
+every last step back).
+
+L, a 512² of 4 steps, is late on arrival (SLO 1 s for 4 s of work); B1 and B2, 1024² of 4
+steps each, have 100 s and 102 s. Both large ones present, each runs at degree 1 and they
+take both devices.
+
+* default: L waits behind the on-time work: it starts at 12 s, after three of their steps;
+* ``late_fill``: with L holding one device for its 4 s (× 1.1 margin), B1 and B2 still fit
+  before their deadlines (16 + 16 device-seconds of 2 × 100 − 4.4), so L runs first: L 0–4 s
+  on one device, B1 0–16 s on the other, B2 three steps 4–16 s on L's device and its last
+  at degree 2, 16–18 s.
+"""
+
+import pytest
+from node_factories import by_id, run
+from sched_factories import req
+
+
+def _records(b_slo_ms: float, **options) -> dict:
+    trace = [req("b1", 0.0, size=1024, steps=4, slo_ms=b_slo_ms),
+             req("b2", 0.0, size=1024, steps=4, slo_ms=b_slo_ms + 2_000),
+             req("l", 0.0, size=512, steps=4, slo_ms=1_000)]
+    return by_id(run(trace, "slo", 2, forecast=False, decode_guard=False, spare=False,
+                     **options))
+
+
+def test_by_default_a_late_request_waits_behind_on_time_work():
+    out = _records(100_000)
+    assert out["l"].started == pytest.approx(12.0, abs=0.05)
+    assert out["l"].finished > 16.0
+
+
+def test_late_fill_runs_it_while_every_on_time_request_stays_feasible():
+    out = _records(100_000, late_fill=True)
+    assert (out["l"].started, out["l"].finished) == pytest.approx((0.0, 4.0), abs=1e-6)
+    assert out["b1"].finished == pytest.approx(16.0, abs=1e-6)
+    assert (out["b2"].started, out["b2"].finished) == pytest.approx((4.0, 18.0), abs=0.01)
+    assert out["b2"].degrees == {1: 3, 2: 1}
+
+
+def test_late_fill_keeps_it_behind_when_the_on_time_ones_would_not_fit():
+    """17 s and 19 s for the large ones: at B1's deadline the node has 2 × 17 = 34
+    device-seconds, less L's 4.4 is 29.6 < their 32 (B1's 16 + B2's 16): L waits, exactly
+    as by default."""
+    fill, default = _records(17_000, late_fill=True), _records(17_000)
+    for rid in ("b1", "b2", "l"):
+        assert (fill[rid].started, fill[rid].finished) == pytest.approx(
+            (default[rid].started, default[rid].finished))
+    assert fill["l"].started == pytest.approx(12.0, abs=0.05)
