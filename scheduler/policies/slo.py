@@ -522,8 +522,12 @@ class SloPolicy(Policy):
         delta = at.req.deadline - now
         if self.give_up_forecast == "ranked":
             key = victim.rem / victim.req.weight**self.give_up_power
+            # with ``shield0`` a priority-0 arrival is swapped for a lower-priority victim,
+            # not set aside before it
+            least = 1 if self.shield0 and victim.req.priority > 0 else 0
             return excess <= self.forecast.work_ranked_before(delta, now, key,
-                                                              self.give_up_power, outrank)
+                                                              self.give_up_power, outrank,
+                                                              least)
         return excess <= self.forecast.work_before(delta, now, outrank)
 
     def _fits(self, now: float, ontime: list[Candidate]) -> bool:

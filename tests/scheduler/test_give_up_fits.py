@@ -106,7 +106,8 @@ def test_the_forecast_counts_the_arrivals_ranked_at_or_above_a_key():
     """Two arrivals: at 0, 2 s standalone, window 5 s, p2 (key 2 / 1² = 2); at 10, 1 s,
     window 4 s, p0 (key 1 / 3² = 0.11). At 10 the span is 10 s: within 8 s the expected
     work is (2 × (8 − 5) + 1 × (8 − 4)) / 10 = 1.0 s; of arrivals with key >= 1 only the
-    first, 0.6 s; with key >= 3 none; with key <= 0.11 both."""
+    first, 0.6 s; with key >= 3 none; with key <= 0.11 both, or the first only when
+    priority 0 is left out (``least=1``)."""
     f = ArrivalForecast()
     a = Request("a", 0.0, "qwen-image", 512, 512, 1, 4, 2, deadline=5.0, standalone_s=2.0)
     b = Request("b", 10.0, "qwen-image", 512, 512, 1, 4, 0, deadline=14.0, standalone_s=1.0)
@@ -116,16 +117,19 @@ def test_the_forecast_counts_the_arrivals_ranked_at_or_above_a_key():
     assert f.work_ranked_before(8.0, 10.0, 3.0, 2.0) == pytest.approx(0.0)
     assert f.work_ranked_before(8.0, 10.0, 1 / 9, 2.0) == pytest.approx(1.0)
     assert f.work_ranked_before(8.0, 10.0, 1.0, 2.0, priority=1) == pytest.approx(0.0)
+    assert f.work_ranked_before(8.0, 10.0, 1 / 9, 2.0, least=1) == pytest.approx(0.6)
 
 
 class _RankedForecast(_Forecast):
-    """``_Forecast``'s 2 s are one arrival of 2 s standalone at ``priority``."""
+    """``_Forecast``'s 2 s are one arrival at ``priority`` (``standalone`` s: its key)."""
 
-    def __init__(self, priority: int):
-        self.key = 2.0 / PRIORITY_WEIGHTS[priority] ** 2
+    def __init__(self, priority: int, standalone: float = 2.0):
+        self.priority = priority
+        self.key = standalone / PRIORITY_WEIGHTS[priority] ** 2
 
-    def work_ranked_before(self, delta, now, key, power, priority=2):
-        return self.work_before(delta, now) if self.key >= key else 0.0
+    def work_ranked_before(self, delta, now, key, power, priority=2, least=0):
+        ranked = self.key >= key and least <= self.priority <= priority
+        return self.work_before(delta, now) if ranked else 0.0
 
 
 def test_ranked_keeps_a_request_only_for_arrivals_it_outranks():
@@ -133,17 +137,22 @@ def test_ranked_keeps_a_request_only_for_arrivals_it_outranks():
     p2 arrival (key 2 >= 1): the rule would set that arrival aside before A, so every
     overrun within it (0.5 at 0, 1.5 at 1, 1.5 and 1 at 2: as with "none") keeps A: A
     2–6, D 6–8. As one p1 arrival (key 0.5 < 1) A would be set aside for it: A is given up
-    at 0 as by default (D 2–4, A 4–8)."""
+    at 0 as by default (D 2–4, A 4–8). As one p0 arrival of key 18 / 3² = 2 >= 1: with
+    ``shield0`` (default) that arrival would be swapped for A, not set aside before it,
+    so A is given up as by default; without ``shield0`` A is kept."""
     cost = table_cost()
 
-    def finish(priority):
+    def finish(priority, standalone=2.0, **options):
         trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
                  req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
                  req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
                  req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
-        pol = make_policy("slo", cost, batching=False, give_up_forecast="ranked")
-        pol.forecast = _RankedForecast(priority)
+        pol = make_policy("slo", cost, batching=False, give_up_forecast="ranked", **options)
+        pol.forecast = _RankedForecast(priority, standalone)
         return {r.request.id: r.finished for r in simulate(trace, pol, page_bytes=PAGE).records}
 
     assert finish(2) == pytest.approx({"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
     assert finish(1) == pytest.approx({"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})
+    assert finish(0, 18.0) == pytest.approx({"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})
+    assert finish(0, 18.0, shield0=False) == pytest.approx(
+        {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
