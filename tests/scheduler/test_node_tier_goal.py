@@ -101,3 +101,30 @@ def test_bad_tier_goal_settings_are_value_errors(bad):
     name = "percentile" if "tier_goal_percentile" in bad else "window"
     with pytest.raises(ValueError, match=name):
         make_node_policy("slo", nc, Node(4, nc.links), tier_goal=True, **bad)
+
+
+def _gated(span: float) -> dict:
+    """20 512² (1 s alone) and 5 1024² (4 s alone, 2 × 2.4 = 4.8 device-s at degree 2)
+    arriving over ``span`` seconds on an 8-device node; five 1024² finished in 10 s each."""
+    g = TierGoals(devices=8)
+    for i in range(20):
+        g.see(req(f"s{i}", span * i / 19, size=512, steps=4), 1.0, 2.0)
+    big = [req(f"b{i}", span * i / 4, size=1024, steps=4) for i in range(5)]
+    for r in big:
+        g.see(r, 4.0, 4.8)
+    for r in big:
+        g.finished(r.id, r.arrival + 10.0)
+    return g
+
+
+def test_the_goal_closes_when_the_measured_load_leaves_no_room_for_its_tier_wide():
+    """Load with the 1024² tier at degree 2: (20 × 1 + 5 × 4.8) / span = 44 / span devices.
+    Over 10 s: 4.4 <= 8, the goal is given (10 s); over 5 s: 8.8 > 8, none (at degree 1
+    it would be (20 + 20) / 5 = 8: the gate counts the wider work, not the plain load)."""
+    g = _gated(10.0)
+    assert g.load(tier_of(req("b", 0.0, size=1024, steps=4))) == pytest.approx(4.4)
+    assert list(g.goals().values()) == [10.0]
+    g = _gated(5.0)
+    assert g.load(tier_of(req("b", 0.0, size=1024, steps=4))) == pytest.approx(8.8)
+    assert g.load() == pytest.approx(8.0)
+    assert g.goals() == {}

@@ -62,6 +62,14 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    half of that tier reaches the goal. ``goal=0.21`` takes omni-mix's to 17.1 s (0.61 ×)
    and its max 54.6 → 46.8 s and leaves seed-mix's at 27.4 s. No one value helps both,
    hence off (session 10, benchmarks/scheduler/results/node_goal_s10.json).
+   **Measured per-tier goal** (``tier_goal``, off by default): the goal is not a set
+   fraction but measured (``tier_goal.TierGoals``): the tier where the P95 lies (by the
+   arrival shares: seed-mix's 2048², omni-mix's 1536²) gets as its goal the quantile of
+   its own last ``tier_goal_window`` latencies at which the P95 sits within it (the
+   2048²'s median, the 1536²'s 67th percentile); other tiers none; and none while the
+   measured arrival rates × work, that tier at degree 2, exceed the node's devices (the
+   fluid limit). On 8 × h200 at ρ 0.7 (5 × 2,000, noise on) P95 26.5 → 26.2 s on
+   seed-mix and 18.2 → 17.1 s on omni-mix (docs/results/node.md, Session 12).
 5. **The rest by deadline** (key arrival + ``order_slack`` × the SLO window: 1, the
    default, is by deadline; 0 by arrival) at their needed degree (a larger free group when
    the needed one is not free). By arrival, deadlines are still kept by steps 2 and 3, and
@@ -181,6 +189,8 @@ class NodeSloPolicy(NodePolicy):
     ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO window; 0: off),
+    ``tier_goal``, ``tier_goal_percentile`` and ``tier_goal_window`` (step 4's goal
+    measured per tier instead: ``tier_goal.TierGoals``),
     ``split_decodes`` (on: a job with fewer decodes than devices spreads each
     decode's tiles over the spare ones: ``node.device.decode_devices``; its last job is
     then priced with the split decode), ``split_yield`` (on: the loop may take those spare
@@ -258,7 +268,8 @@ class NodeSloPolicy(NodePolicy):
         self.goal = goal
         #: ``tier_goal``: per-tier goals measured at run time (None: off)
         self.tier_goals = (
-            TierGoals(tier_goal_percentile, tier_goal_window) if tier_goal else None
+            TierGoals(tier_goal_percentile, tier_goal_window, devices=node.devices)
+            if tier_goal else None
         )
         #: per decision: tier → goal latency (s) from ``tier_goals``
         self._tier_due: dict = {}
@@ -417,8 +428,9 @@ class NodeSloPolicy(NodePolicy):
             self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
         if self.tier_goals is not None:
             tg = self.tier_goals
+            wide = self.node.degrees[min(1, len(self.node.degrees) - 1)]
             for r in view.waiting.arrived_after(tg.latest):
-                tg.see(r, self.ncost.standalone(r, 1))
+                tg.see(r, self.ncost.standalone(r, 1), wide * self.ncost.standalone(r, wide))
             self._tier_due = tg.goals()
         cands = [self._cand(s, s.request, s.steps_done, s.group, now) for s in view.paused]
         cands += [
