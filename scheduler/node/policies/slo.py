@@ -68,7 +68,7 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    its own last ``tier_goal_window`` latencies at which the P95 sits within it (the
    2048²'s median, the 1536²'s 67th percentile); other tiers none; and none while the
    measured arrival rates × work, that tier at degree 2, exceed the node's devices (the
-   fluid limit). On 8 × h200 at ρ 0.7 (5 × 2,000, noise on) P95 26.5 → 26.2 s on
+   fluid limit). On 8 × h200 at ρ 0.7 (5 × 2,000, noise on) P95 26.5 → 26.0 s on
    seed-mix and 18.2 → 17.1 s on omni-mix (docs/results/node.md, Session 12).
 5. **The rest by deadline** (key arrival + ``order_slack`` × the SLO window: 1, the
    default, is by deadline; 0 by arrival) at their needed degree (a larger free group when
