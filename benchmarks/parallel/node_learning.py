@@ -15,7 +15,7 @@ the profile and learns online only:
 * ``kinds``: the per-kind factors;
 * ``classes``: the per-kind factors with the per-shape ones on top of the steps'.
 
-Per setting, for ``fifo`` (two static replicas) and ``slo``: mean attainment, mean P95 and
+Per setting, for each ``--variants`` entry (default ``fifo``, two static replicas, and ``slo``): mean attainment, mean P95 and
 P99 over the (profile, seed) traces, and how many traces meet ``slo`` ≥ 99 %. Run it on two
 checkouts to compare two versions of the learning (the simulation is deterministic: the same
 traces and draws in both).
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
 
-from node_demo_sim import RESULTS, parse_seeds  # noqa: E402
+from node_demo_sim import RESULTS, parse_seeds, parse_variant  # noqa: E402
 
 from ditmem.scheduler import CostModel  # noqa: E402
 from ditmem.scheduler.metrics import summarize  # noqa: E402
@@ -49,20 +49,22 @@ KINDS = {"encode": 1.37, "decode": 0.11, "move": 1.09, "step:d1": 0.11, "step:d2
 #: on top of step:d2's 1.20: 1.26 / 1.21 / 1.12 (degree-1 steps of these shapes get it too)
 CLASSES = {"step:256x256": 0.05, "step:512x512": 0.01, "step:1024x1024": -0.067}
 SETTINGS = {"none": {}, "kinds": KINDS, "classes": {**KINDS, **CLASSES}}
-POLICIES = ("fifo", "slo")
+POLICIES = ("fifo", "slo")  # the default of --variants
 log = logging.getLogger("node_learning")
 
 
-def one(policy: str, trace, cost: CostModel, bias_by: dict, seed: int) -> dict:
+def one(spec: str, trace, cost: CostModel, bias_by: dict, seed: int) -> dict:
+    """One variant (``policy[:option=value,...]``) on ``trace``: its ``summarize``."""
+    name, options = parse_variant(spec)
     ncost = NodeCost(cost)
     node = Node(2, ncost.links)
-    pol = make_node_policy(policy, ncost, node)
+    pol = make_node_policy(name, ncost, node, **options)
     noise = TimingNoise(0.03, 0.0, seed, bias_by)
     result = simulate_node([dataclasses.replace(r) for r in trace], pol, node, noise=noise)
     return summarize(result.records)
 
 
-def run(profiles: list[str], seeds: list[int]) -> list[dict]:
+def run(profiles: list[str], seeds: list[int], variants=POLICIES) -> list[dict]:
     rows = []
     for prof in profiles:
         with open(RESULTS / f"demo_devices2_{prof}_profile.json") as f:
@@ -72,7 +74,7 @@ def run(profiles: list[str], seeds: list[int]) -> list[dict]:
                                          seed=seed, arrival="poisson", divisor=2)
             trace = build_trace(args, cost, 2)
             for name, bias_by in SETTINGS.items():
-                for policy in POLICIES:
+                for policy in variants:
                     s = one(policy, trace, cost, bias_by, seed)
                     rows.append({"profile": prof, "seed": seed, "setting": name,
                                  "policy": policy, "attainment": s["slo_attainment"],
@@ -81,10 +83,10 @@ def run(profiles: list[str], seeds: list[int]) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict]) -> list[dict]:
+def table(rows: list[dict], variants=POLICIES) -> list[dict]:
     out = []
     for name in SETTINGS:
-        for policy in POLICIES:
+        for policy in variants:
             sel = [r for r in rows if r["setting"] == name and r["policy"] == policy]
             out.append({
                 "setting": name, "policy": policy, "traces": len(sel),
@@ -100,15 +102,18 @@ def main() -> int:
     ap.add_argument("--profiles", default="s11_main1,s11_main2,s11_main3",
                     help="saved demo profiles (demo_devices2_<name>_profile.json)")
     ap.add_argument("--seeds", default="0-4", help="trace seeds, e.g. 0-4 or 0,3")
+    ap.add_argument("--variants", default=";".join(POLICIES),
+                    help="';'-separated policy[:option=value,...] (default fifo;slo)")
     ap.add_argument("--json", help="write the rows and the table here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows = run(args.profiles.split(","), parse_seeds(args.seeds))
-    summary = table(rows)
-    print(f"{'setting':8} {'policy':6} {'traces':>6} {'att %':>7} {'>=99%':>5} "
+    variants = [v for v in args.variants.split(";") if v]
+    rows = run(args.profiles.split(","), parse_seeds(args.seeds), variants)
+    summary = table(rows, variants)
+    print(f"{'setting':8} {'policy':20} {'traces':>6} {'att %':>7} {'>=99%':>5} "
           f"{'P95 s':>6} {'P99 s':>6}")
     for t in summary:
-        print(f"{t['setting']:8} {t['policy']:6} {t['traces']:6d} {100 * t['attainment']:7.2f} "
+        print(f"{t['setting']:8} {t['policy']:20} {t['traces']:6d} {100 * t['attainment']:7.2f} "
               f"{t['at_99']:5d} {t['p95_s']:6.2f} {t['p99_s']:6.2f}")
     if args.json:
         with open(args.json, "w") as f:

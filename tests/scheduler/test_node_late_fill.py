@@ -51,3 +51,34 @@ def test_late_fill_keeps_it_behind_when_the_on_time_ones_would_not_fit():
         assert (fill[rid].started, fill[rid].finished) == pytest.approx(
             (default[rid].started, default[rid].finished))
     assert fill["l"].started == pytest.approx(12.0, abs=0.05)
+
+
+def _ride(**options) -> dict:
+    """One device. B, a 1024² of 4 steps (100 s), and L, a 512² of 4 steps, late on arrival.
+    The profile prices the pair's step at 4 s (a batch-2 point: 4 s at 2,560 tokens, a 0.8
+    gain), the same as B alone: L joining B's step costs B nothing. ``aging`` 100 SLO windows:
+    L does not starve here (with 10 it would go first at 11 s and B join its step)."""
+    from node_factories import node_cost
+
+    nc = node_cost(batch_points=[{"tokens": 2560, "batch": 2, "seconds": 4.0}])
+    trace = [req("b", 0.0, size=1024, steps=4, slo_ms=100_000),
+             req("l", 0.0, size=512, steps=4, slo_ms=1_000)]
+    return by_id(run(trace, "slo", 1, nc, forecast=False, decode_guard=False, aging=100.0,
+                     **options))
+
+
+def test_by_default_a_late_request_rides_a_larger_step():
+    """L joins B's 4-s steps: both 0–16 s (each of L's steps takes 4 s, not its own 1 s)."""
+    out = _ride()
+    assert (out["b"].finished, out["l"].finished) == pytest.approx((16.0, 16.0))
+
+
+def test_late_ride_keeps_it_off_a_step_more_than_twice_its_own():
+    """``late_ride=2``: 4 s > 2 × 1 s, no ride: B 0–16 s, then L alone 16–20 s; a step of
+    at most 4 × its own is ridden as by default."""
+    out = _ride(late_ride=2.0)
+    assert (out["b"].finished, out["l"].finished) == pytest.approx((16.0, 20.0))
+    out = _ride(late_ride=4.0)
+    assert (out["b"].finished, out["l"].finished) == pytest.approx((16.0, 16.0))
+    with pytest.raises(ValueError, match="late_ride"):
+        _ride(late_ride=0.5)
