@@ -9,17 +9,21 @@ per policy, the run's and the replay's ``DecisionLog.rows()``), and prints per p
   granted (counts);
 * one row per request missed apart (or each ``--ids``): shape, priority, arrival, deadline,
   start / finish / preemptions in the run beside the replay's;
+* with ``--rides``, per missed request of the run: in how many of the decisions that had it
+  in a job it shared that job's step with a larger request (rode a longer step: a late
+  request joining a 1024²'s degree-1 steps takes 28 of them);
 * with ``--timelines``, each such request's timeline in the run and in the replay
   (``scheduler.node.policies.recorder.timeline``): when it ran, at which degree, when it
   waited (late or not) and who held the devices meanwhile.
 
     python benchmarks/parallel/node_demo_misses.py RUN.json D.json [--policy slo]
-        [--ids r00051,r00058] [--timelines] [--json OUT.json]
+        [--ids r00051,r00058] [--timelines] [--rides] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
 import sys
@@ -32,6 +36,27 @@ def take_back_summary(rows: dict) -> dict:
     tb = rows["take_backs"]
     return {"asked": len(tb), "offered": sum(bool(t["offered"]) for t in tb),
             "granted": sum(len(t["granted"]) for t in tb)}
+
+
+def rides(decisions: list[dict], rows: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per request id: (decisions that had it in a job, of those the ones whose job also
+    held a request of more pixels), from a log's ``decisions`` rows and ``per_request``."""
+    pixels = {}
+    for q in rows:
+        w, h = (int(x) for x in q["shape"].split("x")[:2])
+        pixels[q["id"]] = w * h
+    seen: collections.Counter = collections.Counter()
+    rode: collections.Counter = collections.Counter()
+    for d in decisions:
+        jobs = collections.defaultdict(list)
+        for rid, devices, _last, _large in d["jobs"]:
+            jobs[tuple(devices)].append(rid)
+        for ids in jobs.values():
+            top = max(pixels[i] for i in ids)
+            for i in ids:
+                seen[i] += 1
+                rode[i] += pixels[i] < top
+    return {i: (seen[i], rode[i]) for i in seen}
 
 
 def request_row(q: dict, s: dict) -> str:
@@ -49,6 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="slo", help="fifo or slo (default slo)")
     ap.add_argument("--ids", default=None, help="comma-separated ids (default: missed apart)")
     ap.add_argument("--timelines", action="store_true", help="print each one's timeline")
+    ap.add_argument("--rides", action="store_true",
+                    help="per missed request of the run: decisions riding a larger step")
     ap.add_argument("--json", default=None, help="write the rows and timelines here")
     args = ap.parse_args(argv)
     with open(args.run) as f:
@@ -79,6 +106,16 @@ def main(argv=None) -> int:
         out["take_backs"][side] = s
         print(f"  take-backs {side}: asked {s['asked']}, with a spare {s['offered']}, "
               f"granted {s['granted']}")
+    if args.rides:
+        counts = rides(log["run"]["decisions"], row["per_request"])
+        missed = [q for q in row["per_request"] if not q["met"]]
+        out["rides"] = {q["id"]: counts.get(q["id"], (0, 0)) for q in missed}
+        print(f"missed in the run: {len(missed)}, of which rode a larger step: "
+              f"{sum(1 for q in missed if counts.get(q['id'], (0, 0))[1] > 0)}")
+        for q in missed:
+            n, k = counts.get(q["id"], (0, 0))
+            print(f"  {q['id']} {q['shape']:>9} latency {q['latency_s']:6.2f} s: in a job at "
+                  f"{n} decisions, riding a larger request's step at {k}")
     runs = {side: from_rows(log[side]["decisions"]) for side in ("run", "sim")}
     for rid in ids:
         q, s = real[rid], sim[rid]
