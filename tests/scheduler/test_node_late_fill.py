@@ -42,15 +42,27 @@ def test_late_fill_runs_it_while_every_on_time_request_stays_feasible():
     assert out["b2"].degrees == {1: 3, 2: 1}
 
 
+def _three(deadline_ms: float, **options) -> dict:
+    """B1–B3 (1024², 4 steps, 16 s each at degree 1) due at ``deadline_ms``, and L; no
+    parallel targets (``longest=0``) and not urgent (slack 10 s of 26 > 0.35 × 26), so at
+    t = 0 both devices are free when step 5 asks ``_fill``."""
+    trace = [req(f"b{i}", 0.0, size=1024, steps=4, slo_ms=deadline_ms) for i in (1, 2, 3)]
+    trace.append(req("l", 0.0, size=512, steps=4, slo_ms=1_000))
+    return by_id(run(trace, "slo", 2, forecast=False, decode_guard=False, spare=False,
+                     longest=0, **options))
+
+
 def test_late_fill_keeps_it_behind_when_the_on_time_ones_would_not_fit():
-    """17 s and 19 s for the large ones: at B1's deadline the node has 2 × 17 = 34
-    device-seconds, less L's 4.4 is 29.6 < their 32 (B1's 16 + B2's 16): L waits, exactly
-    as by default."""
-    fill, default = _records(17_000, late_fill=True), _records(17_000)
-    for rid in ("b1", "b2", "l"):
+    """Due at 26 s: 3 × 16 = 48 device-seconds of on-time work against 2 × 26 − 4.4 = 47.6
+    with L holding a device: ``_fits`` is False, L is not filled and the run is the
+    default's to the last request. Due at 27 s: 54 − 4.4 = 49.6 >= 48, L goes first."""
+    fill, default = _three(26_000, late_fill=True), _three(26_000)
+    for rid in ("b1", "b2", "b3", "l"):
         assert (fill[rid].started, fill[rid].finished) == pytest.approx(
             (default[rid].started, default[rid].finished))
-    assert fill["l"].started == pytest.approx(12.0, abs=0.05)
+    assert fill["l"].started > 10.0
+    assert _three(27_000, late_fill=True)["l"].started == pytest.approx(0.0)
+    assert _three(27_000)["l"].started > 10.0
 
 
 def _ride(**options) -> dict:
