@@ -12,12 +12,18 @@ per policy, the run's and the replay's ``DecisionLog.rows()``), and prints per p
 * with ``--rides``, per missed request of the run: in how many of the decisions that had it
   in a job it shared that job's step with a larger request (rode a longer step: a late
   request joining a 1024²'s degree-1 steps takes 28 of them);
+* with ``--at-run-speed PROFILE`` (the run's ``--profile-out`` JSON), the replay compared
+  against is not the demo's (the start-up profile's speed) but a fresh one at the speed the
+  run measured (``ditmem.tools.run_speed``: the trace rebuilt from the run's settings, the
+  truth scaled per kind by the run's ``at_run_speed`` factors, the policy planning with the
+  profile, noise σ 3 % seeded with the run's seed), logged the same way;
 * with ``--timelines``, each such request's timeline in the run and in the replay
   (``scheduler.node.policies.recorder.timeline``): when it ran, at which degree, when it
   waited (late or not) and who held the devices meanwhile.
 
     python benchmarks/parallel/node_demo_misses.py RUN.json D.json [--policy slo]
-        [--ids r00051,r00058] [--timelines] [--rides] [--json OUT.json]
+        [--ids r00051,r00058] [--timelines] [--rides] [--at-run-speed RUN_profile.json]
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -59,6 +65,44 @@ def rides(decisions: list[dict], rows: list[dict]) -> dict[str, tuple[int, int]]
     return {i: (seen[i], rode[i]) for i in seen}
 
 
+def replay_at_run_speed(meta: dict, row: dict, profile_path: str) -> tuple[list, dict]:
+    """``row``'s policy on its run's trace at the run's measured speed: (``per_request``
+    rows, ``DecisionLog.rows()``). ``meta``: the run JSON's first row (workload, load,
+    requests, seed, divisor, devices)."""
+    import dataclasses
+    import types
+
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.policies.recorder import DecisionLog
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+    from ditmem.tools.node_demo import build_trace
+    from ditmem.tools.report import request_rows
+    from ditmem.tools.run_speed import scale_profile
+
+    with open(profile_path) as f:
+        cost = CostModel.from_dict(json.load(f))
+    devices = meta["devices"]
+    args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
+                                 requests=meta["requests"], seed=meta["seed"],
+                                 arrival="poisson", divisor=meta["divisor"])
+    trace = build_trace(args, cost, devices)
+    for r in trace:
+        cost.assign_deadline(r, 3.0)
+    truth = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))
+    start = NodeCost(cost)
+    top = max(r.width * r.height for r in trace)
+    policy = DecisionLog(make_node_policy(row["policy"], start, Node(devices, start.links)),
+                         lambda r: r.width * r.height >= top)
+    result = simulate_node([dataclasses.replace(r) for r in trace], policy,
+                           Node(devices, truth.links), noise=TimingNoise(0.03, 0.0, meta["seed"]),
+                           truth=truth)
+    return request_rows(result.records), policy.rows()
+
+
 def request_row(q: dict, s: dict) -> str:
     return (f"{q['id']} {q['shape']:>9} p{q['priority']} arr {q['arrival_s']:7.2f} "
             f"dl {q['deadline_s']:7.2f} | run start {q['started_s']:7.2f} fin "
@@ -76,10 +120,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timelines", action="store_true", help="print each one's timeline")
     ap.add_argument("--rides", action="store_true",
                     help="per missed request of the run: decisions riding a larger step")
+    ap.add_argument("--at-run-speed", metavar="PROFILE", default=None,
+                    help="compare with a replay at the run's measured speed (the run's "
+                         "--profile-out JSON)")
     ap.add_argument("--json", default=None, help="write the rows and timelines here")
     args = ap.parse_args(argv)
     with open(args.run) as f:
-        rows = {r["policy"]: r for r in json.load(f)}
+        runs_json = json.load(f)
+    rows = {r["policy"]: r for r in runs_json}
     opener = gzip.open if args.decisions.endswith(".gz") else open
     with opener(args.decisions, "rt") as f:
         logs = json.load(f)
@@ -87,9 +135,18 @@ def main(argv=None) -> int:
         print(f"node_demo_misses: --policy {args.policy!r}: not in both files "
               f"({sorted(rows)} / {sorted(logs)})", file=sys.stderr)
         return 2
-    row, log = rows[args.policy], logs[args.policy]
+    row, log = rows[args.policy], dict(logs[args.policy])
     real = {q["id"]: q for q in row["per_request"]}
     sim = {q["id"]: q for q in row["sim_per_request"]}
+    if args.at_run_speed:
+        per, log["sim"] = replay_at_run_speed(runs_json[0], row, args.at_run_speed)
+        sim = {q["id"]: q for q in per}
+        apart = [i for i, q in real.items() if q["met"] != sim[i]["met"]]
+        row = dict(row, missed_apart={
+            "run_only": [i for i in apart if not real[i]["met"]],
+            "sim_only": [i for i in apart if real[i]["met"]]})
+        print(f"replay at the run's speed: {100 * sum(q['met'] for q in per) / len(per):.1f} % "
+              f"(the run: {100 * sum(q['met'] for q in real.values()) / len(real):.1f} %)")
     if args.ids:
         ids = [i.strip() for i in args.ids.split(",") if i.strip()]
         unknown = [i for i in ids if i not in real]
