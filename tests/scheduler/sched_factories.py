@@ -164,3 +164,16 @@ def edf_feasible(jobs) -> bool:
                 return False
             live.pop(0)
     return True
+
+
+class TwoSecondForecast:
+    """A forecast stub for the give-up rule: 2 s of expected earlier-due arrivals within any
+    window over 3 s, none within shorter ones."""
+
+    latest = float("inf")
+
+    def see(self, requests):
+        pass
+
+    def work_before(self, delta, now, priority=2):
+        return 2.0 if delta > 3.0 else 0.0

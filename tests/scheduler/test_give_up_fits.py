@@ -4,7 +4,7 @@ the present work due before it, or keeps a request for an overrun within the for
 of arrivals the rule would set aside before it — hand-computed charges and decisions."""
 
 import pytest
-from sched_factories import PAGE, HandEngine, req, table_cost
+from sched_factories import PAGE, HandEngine, TwoSecondForecast, req, table_cost
 
 from ditmem.scheduler import Request, make_policy
 from ditmem.scheduler.policies.forecast import ArrivalForecast
@@ -32,18 +32,6 @@ def test_the_charge_is_capped_at_the_room_before_each_deadline():
         ch.push(1.0, 0.0, -1.0)
 
 
-class _Forecast:
-    """A forecast stub: 2 s of expected earlier-due arrivals within any window over 3 s."""
-
-    latest = float("inf")
-
-    def see(self, requests):
-        pass
-
-    def work_before(self, delta, now, priority=2):
-        return 2.0 if delta > 3.0 else 0.0
-
-
 def _decide(**options):
     """One decision at 0: B (p0, 3 steps of 1 s, due 3), E (p2, 2 steps, due 4), A (p2, 4
     steps, due 8)."""
@@ -54,7 +42,7 @@ def _decide(**options):
               req("A", 0.0, steps=4, priority=2, slo_ms=8_000, cost=cost)):
         eng.arrive(r)
     pol = make_policy("slo", cost, batching=False, **options)
-    pol.forecast = _Forecast()
+    pol.forecast = TwoSecondForecast()
     plan = pol.schedule(0.0, eng.view())
     return plan.batch, pol.late_ids()
 
@@ -86,7 +74,7 @@ def test_fits_still_charges_arrivals_that_fit():
                  req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
                  req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
         pol = make_policy("slo", cost, batching=False, **options)
-        pol.forecast = _Forecast()
+        pol.forecast = TwoSecondForecast()
         return {r.request.id: r.finished for r in simulate(trace, pol, page_bytes=PAGE).records}
 
     assert finish(give_up_forecast="fits") == pytest.approx(
@@ -120,8 +108,8 @@ def test_the_forecast_counts_the_arrivals_ranked_at_or_above_a_key():
     assert f.work_ranked_before(8.0, 10.0, 1 / 9, 2.0, least=1) == pytest.approx(0.6)
 
 
-class _RankedForecast(_Forecast):
-    """``_Forecast``'s 2 s are one arrival at ``priority`` (``standalone`` s: its key)."""
+class _RankedForecast(TwoSecondForecast):
+    """``TwoSecondForecast``'s 2 s are one arrival at ``priority`` (``standalone`` s: its key)."""
 
     def __init__(self, priority: int, standalone: float = 2.0):
         self.priority = priority

@@ -3,7 +3,7 @@ given up joins an on-time request's step only if it takes none of that request's
 hand-computed schedules."""
 
 import pytest
-from sched_factories import PAGE, req, table_cost
+from sched_factories import PAGE, TwoSecondForecast, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.simulator import simulate
@@ -42,18 +42,6 @@ def test_late_joins_free_keeps_the_on_time_request():
                                                   "B": pytest.approx(4.0)}
 
 
-class _Forecast:
-    """A forecast stub: 2 s of expected earlier-due arrivals within any window over 3 s."""
-
-    latest = float("inf")
-
-    def see(self, requests):
-        pass
-
-    def work_before(self, delta, now, priority=2):
-        return 2.0 if delta > 3.0 else 0.0
-
-
 def _forecast_finish(**options):
     cost = table_cost()
     trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
@@ -61,7 +49,7 @@ def _forecast_finish(**options):
              req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
              req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
     pol = make_policy("slo", cost, batching=False, **options)
-    pol.forecast = _Forecast()
+    pol.forecast = TwoSecondForecast()
     return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}
 
 
