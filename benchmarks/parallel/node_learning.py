@@ -15,8 +15,9 @@ the profile and learns online only:
 * ``kinds``: the per-kind factors;
 * ``classes``: the per-kind factors with the per-shape ones on top of the steps'.
 
-Per setting, for each ``--variants`` entry (default ``fifo``, two static replicas, and ``slo``): mean attainment, mean P95 and
-P99 over the (profile, seed) traces, and how many traces meet ``slo`` ≥ 99 %. Run it on two
+Per setting, for each ``--variants`` entry (default ``fifo``, two static replicas, and
+``slo``): mean attainment, mean P95 and P99 over the (profile, seed) traces, and how many
+traces meet ``slo`` ≥ 99 %. Run it on two
 checkouts to compare two versions of the learning (the simulation is deterministic: the same
 traces and draws in both).
 """
