@@ -94,3 +94,23 @@ def test_late_ride_keeps_it_off_a_step_more_than_twice_its_own():
     assert (out["b"].finished, out["l"].finished) == pytest.approx((16.0, 16.0))
     with pytest.raises(ValueError, match="late_ride"):
         _ride(late_ride=0.5)
+
+
+def test_a_request_that_cannot_make_it_alone_does_not_hold_back_the_others_last_steps():
+    """The decode guard holds a last step back when it would leave no device for the tightest
+    slack seen. A request whose SLO window is shorter than its work alone (L: 1 s for 4 s;
+    a client may send such an ``slo_ms``) has no slack to protect: it must not make the guard
+    hold back B1's and B2's last steps (defaults on; ``aging`` 100 windows so that L does not
+    starve by 11 s and go first by that rule). Without L they end at 16 s; with it, the same,
+    and L (late) runs after them (before the fix their last steps were held back at 12 s, L
+    took both devices, and they ended at 18 and 20 s)."""
+    trace = [req("b1", 0.0, size=1024, steps=4, slo_ms=100_000),
+             req("b2", 0.0, size=1024, steps=4, slo_ms=100_000)]
+    alone = by_id(run(list(trace), "slo", 2, forecast=False, aging=100.0))
+    both = by_id(run(trace + [req("l", 0.0, size=512, steps=4, slo_ms=1_000)], "slo", 2,
+                     forecast=False, aging=100.0))
+    assert alone["b1"].finished == pytest.approx(16.0)
+    assert alone["b2"].finished == pytest.approx(16.0)
+    assert both["b1"].finished == pytest.approx(16.0)
+    assert both["b2"].finished == pytest.approx(16.0)
+    assert both["l"].started >= 16.0 - 1e-9

@@ -448,7 +448,8 @@ class NodeSloPolicy(NodePolicy):
                 if not c.started:
                     window = c.req.deadline - c.req.arrival
                     slack = window - c.steps_left * c.step(best) - c.dec - c.enc
-                    self._tight = min(self._tight, max(0.0, slack))
+                    if slack > 0:  # one that cannot make it alone is late: it finds no
+                        self._tight = min(self._tight, slack)  # device in time anyway
             self._now = now
             # Only running jobs hold a device (each ends in a completion, so a request held
             # back is decided on again; a predicted send may outlast its job).
