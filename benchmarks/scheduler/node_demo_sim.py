@@ -64,16 +64,17 @@ DEFAULT_VARIANTS = ("fifo;srtf;elastic-np;slo:decode_aware=False,decode_guard=Fa
 log = logging.getLogger("node_demo_sim")
 
 
-def parse_variant(spec: str) -> tuple[str, dict]:
-    """``"slo:a=1,b=False"`` → ``("slo", {"a": 1, "b": False})``."""
+def parse_variant(spec: str, value=ast.literal_eval) -> tuple[str, dict]:
+    """``"slo:a=1,b=False"`` → ``("slo", {"a": 1, "b": False})`` (each value through
+    ``value``: a Python literal by default)."""
     name, _, rest = spec.partition(":")
     options = {}
     for part in filter(None, rest.split(",")):
-        key, sep, value = part.partition("=")
+        key, sep, text = part.partition("=")
         if not sep:
             raise ValueError(f"variant {spec!r}: expected option=value, got {part!r}")
-        options[key] = ast.literal_eval(value)
-    return name, options
+        options[key.strip()] = value(text)
+    return name.strip(), options
 
 
 def parse_seeds(text: str) -> list[int]:

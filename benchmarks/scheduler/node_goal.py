@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from node_demo_sim import parse_variant
+
 from ditmem.scheduler import CostModel
 from ditmem.scheduler.metrics import percentile
 from ditmem.scheduler.node.experiment import NodeScenario, run_node_point
@@ -48,22 +50,19 @@ def _tiers(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def parse_variants(spec: str) -> list[tuple[str, dict]]:
-    """``NAME:opt=value,...;...`` → [(name, options)] (values as JSON where they parse)."""
-    out = []
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        name, _, opts = part.partition(":")
-        options = {}
-        for kv in filter(None, opts.split(",")):
-            k, eq, v = kv.partition("=")
-            if not eq:
-                raise ValueError(f"--variants: option {kv!r} is not opt=value")
-            try:
-                options[k.strip()] = json.loads(v)
-            except json.JSONDecodeError:
-                options[k.strip()] = v
-        out.append((f"slo {name.strip()}", options))
-    return out
+    """``NAME:opt=value,...;...`` → [("slo NAME", options)] (values as JSON where they
+    parse, else the text)."""
+    parts = filter(None, (p.strip() for p in spec.split(";")))
+    return [(f"slo {name}", options)
+            for name, options in (parse_variant(p, _json_or_text) for p in parts)]
 
 
 def run(workloads, loads, seeds, requests, goals, fifo: bool, extra=()) -> list[dict]:

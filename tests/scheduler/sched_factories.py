@@ -11,7 +11,9 @@ from ditmem.scheduler import (
     RequestStatus,
     SchedulerView,
     WaitingQueue,
+    make_policy,
 )
+from ditmem.scheduler.simulator import simulate
 
 PAGE = 1 << 20
 
@@ -177,3 +179,17 @@ class TwoSecondForecast:
 
     def work_before(self, delta, now, priority=2):
         return 2.0 if delta > 3.0 else 0.0
+
+
+def forecast_trace_finish(**options) -> dict[str, float]:
+    """Session 11's give-up trace (steps of 1 s, one request a step, no batching): B (due
+    1.5, 1 step) and A (due 6.5, 4 steps) at 0, C (due 2.5, 1 step) at 1, D (due 9, 2 steps)
+    at 2, under ``slo`` with ``options`` and a ``TwoSecondForecast``; each id's finish (s)."""
+    cost = table_cost()
+    trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
+             req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
+             req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
+             req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
+    pol = make_policy("slo", cost, batching=False, **options)
+    pol.forecast = TwoSecondForecast()
+    return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}

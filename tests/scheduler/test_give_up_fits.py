@@ -4,7 +4,14 @@ the present work due before it, or keeps a request for an overrun within the for
 of arrivals the rule would set aside before it — hand-computed charges and decisions."""
 
 import pytest
-from sched_factories import PAGE, HandEngine, TwoSecondForecast, req, table_cost
+from sched_factories import (
+    PAGE,
+    HandEngine,
+    TwoSecondForecast,
+    forecast_trace_finish,
+    req,
+    table_cost,
+)
 
 from ditmem.scheduler import Request, make_policy
 from ditmem.scheduler.policies.forecast import ArrivalForecast
@@ -66,20 +73,9 @@ def test_fits_still_charges_arrivals_that_fit():
     are due after 3 s, with 6.5 − 1 = 5.5 s free for them before A's deadline, so "fits"
     charges all 2 s as the default does: A is set aside at 0 and ends at 8 (B 0–1, C 1–2,
     D 2–4, A 4–8), where "none" keeps it (A 2–6, D 6–8)."""
-    cost = table_cost()
-
-    def finish(**options):
-        trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
-                 req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
-                 req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
-                 req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
-        pol = make_policy("slo", cost, batching=False, **options)
-        pol.forecast = TwoSecondForecast()
-        return {r.request.id: r.finished for r in simulate(trace, pol, page_bytes=PAGE).records}
-
-    assert finish(give_up_forecast="fits") == pytest.approx(
+    assert forecast_trace_finish(give_up_forecast="fits") == pytest.approx(
         {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})
-    assert finish(give_up_forecast="none") == pytest.approx(
+    assert forecast_trace_finish(give_up_forecast="none") == pytest.approx(
         {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
 
 

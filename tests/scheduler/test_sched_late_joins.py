@@ -3,7 +3,7 @@ given up joins an on-time request's step only if it takes none of that request's
 hand-computed schedules."""
 
 import pytest
-from sched_factories import PAGE, TwoSecondForecast, req, table_cost
+from sched_factories import PAGE, forecast_trace_finish, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.simulator import simulate
@@ -42,17 +42,6 @@ def test_late_joins_free_keeps_the_on_time_request():
                                                   "B": pytest.approx(4.0)}
 
 
-def _forecast_finish(**options):
-    cost = table_cost()
-    trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
-             req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
-             req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
-             req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
-    pol = make_policy("slo", cost, batching=False, **options)
-    pol.forecast = TwoSecondForecast()
-    return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}
-
-
 def test_give_up_forecast_none_keeps_a_request_the_forecast_alone_overruns():
     """Steps of 1 s, one request a step; the forecast charges 2 s before any deadline more
     than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5 with
@@ -62,7 +51,7 @@ def test_give_up_forecast_none_keeps_a_request_the_forecast_alone_overruns():
     the forecast's 2 s too: 1.5, then 1.5 at A and 1 at D): B 0–1, C 1–2, A 2–6 (met),
     D 6–8 (met). ``"unstarted"``: A has not started at 0, so as the default."""
     default = {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0}
-    assert _forecast_finish() == pytest.approx(default)
-    assert _forecast_finish(give_up_forecast="unstarted") == pytest.approx(default)
-    assert _forecast_finish(give_up_forecast="none") == pytest.approx(
+    assert forecast_trace_finish() == pytest.approx(default)
+    assert forecast_trace_finish(give_up_forecast="unstarted") == pytest.approx(default)
+    assert forecast_trace_finish(give_up_forecast="none") == pytest.approx(
         {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
