@@ -62,6 +62,16 @@ def move_mask(src: Group | None, dst: Group | None) -> int:
     return (0 if src is None else src.mask) | (0 if dst is None else dst.mask)
 
 
+def spread(durations: list[float], devices: int) -> float:
+    """Wall time of single-device stages spread round-robin over ``devices`` devices."""
+    if len(durations) <= 1:
+        return durations[0] if durations else 0.0
+    loads = [0.0] * max(1, devices)
+    for i, d in enumerate(durations):
+        loads[i % len(loads)] += d
+    return max(loads, default=0.0)
+
+
 def busy_until(mask: int, busy: Sequence[float], now: float) -> float:
     """When every device of ``mask`` is free: the latest of ``busy[d]`` (the predicted end
     of what device d runs) over the mask's devices, at least ``now``."""
@@ -315,10 +325,7 @@ class NodeCost:
         their model's encode factor."""
         if not requests or not (measured_s > 0 and math.isfinite(measured_s)):
             return
-        loads = [0.0] * max(1, min(degree, len(requests)))
-        for i, r in enumerate(requests):
-            loads[i % len(loads)] += self.cost.encode_time(r)
-        predicted = max(loads)
+        predicted = spread([self.cost.encode_time(r) for r in requests], degree)
         if predicted <= 0:
             return
         model = requests[0].model

@@ -35,7 +35,7 @@ from typing import Protocol
 from ..loop import Stages, run_stages
 from ..noise import TimingNoise, shape_class, step_class
 from ..request import Request
-from .cost import NodeCost, busy_until, move_mask
+from .cost import NodeCost, busy_until, move_mask, spread
 from .topology import Group
 
 
@@ -220,16 +220,6 @@ def split_ends(tiles: list[list[float]], blend: float, taken: dict[int, float] |
     end = max(lane, *ends[1:]) + blend
     ends[0] = end
     return end, ends
-
-
-def spread(durations: list[float], devices: int) -> float:
-    """Wall time of single-device stages spread round-robin over ``devices`` devices."""
-    if len(durations) <= 1:
-        return durations[0] if durations else 0.0
-    loads = [0.0] * max(1, devices)
-    for i, d in enumerate(durations):
-        loads[i % len(loads)] += d
-    return max(loads, default=0.0)
 
 
 def run_job(job: Job, stages: Stages) -> None:
