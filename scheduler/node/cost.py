@@ -131,11 +131,11 @@ class NodeCost:
         before feedback)."""
         return self._correction.get(model, 1.0)
 
-    def step_correction(self, model: str, tokens: Sequence[int] | int, degree: int = 1) -> float:
-        """The factor a step of ``tokens`` (token counts of its members, or their total) at
-        ``degree`` is priced with: its shape class's, else its degree's, else its model's."""
-        total = tokens if isinstance(tokens, int) else sum(tokens)
-        factor = self._step_correction.get((model, _octave_bucket(total), degree))
+    def step_correction(self, model: str, tokens: Sequence[int], degree: int = 1) -> float:
+        """The factor a step of a batch of ``tokens`` (its members' token counts, as
+        ``CostModel.step_correction``) at ``degree`` is priced with: its shape class's, else
+        its degree's, else its model's."""
+        factor = self._step_correction.get((model, _octave_bucket(sum(tokens)), degree))
         if factor is None:
             factor = self._step_correction.get((model, degree))
         return self.correction(model) if factor is None else factor
@@ -173,7 +173,7 @@ class NodeCost:
     def alone_step(self, request: Request, degree: int = 1) -> float:
         """Seconds of one step of ``request`` alone at ``degree``."""
         return self.base_alone_step(request, degree) * self.step_correction(
-            request.model, self.cost.tokens(request), degree)
+            request.model, [self.cost.tokens(request)], degree)
 
     def encode_time(self, request: Request) -> float:
         """Seconds of ``request``'s prompt encode (the profile's, learned factor included)."""

@@ -321,7 +321,7 @@ class NodeSloPolicy(NodePolicy):
         shape = (req.model, req.width, req.height, req.frames)
         per = self._shape_now.get(shape)
         if per is None:
-            tokens = ncost.cost.tokens(req)
+            tokens = [ncost.cost.tokens(req)]
             per = self._shape_now[shape] = (
                 tuple(ncost.step_correction(req.model, tokens, d) for d in self.node.degrees),
                 ncost.decode_time(req), ncost.encode_time(req))
