@@ -69,38 +69,26 @@ def replay_at_run_speed(meta: dict, row: dict, profile_path: str) -> tuple[list,
     """``row``'s policy on its run's trace at the run's measured speed: (``per_request``
     rows, ``DecisionLog.rows()``). ``meta``: the run JSON's first row (workload, load,
     requests, seed, divisor, devices)."""
-    import dataclasses
     import types
 
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.node.cost import NodeCost
-    from ditmem.scheduler.node.policies import make_node_policy
-    from ditmem.scheduler.node.policies.recorder import DecisionLog
-    from ditmem.scheduler.node.simulator import simulate_node
-    from ditmem.scheduler.node.topology import Node
-    from ditmem.scheduler.noise import TimingNoise
-    from ditmem.tools.node_demo import build_trace
+    from ditmem.tools.node_demo import build_trace, logged
     from ditmem.tools.report import request_rows
-    from ditmem.tools.run_speed import scale_profile
+    from ditmem.tools.run_speed import node_replay, scale_profile
 
     with open(profile_path) as f:
         cost = CostModel.from_dict(json.load(f))
-    devices = meta["devices"]
     args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
                                  requests=meta["requests"], seed=meta["seed"],
                                  arrival="poisson", divisor=meta["divisor"])
-    trace = build_trace(args, cost, devices)
+    trace = build_trace(args, cost, meta["devices"])
     for r in trace:
         cost.assign_deadline(r, 3.0)
-    truth = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))
-    start = NodeCost(cost)
-    top = max(r.width * r.height for r in trace)
-    policy = DecisionLog(make_node_policy(row["policy"], start, Node(devices, start.links)),
-                         lambda r: r.width * r.height >= top)
-    result = simulate_node([dataclasses.replace(r) for r in trace], policy,
-                           Node(devices, truth.links), noise=TimingNoise(0.03, 0.0, meta["seed"]),
-                           truth=truth)
-    return request_rows(result.records), policy.rows()
+    run = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))
+    result, log = node_replay(trace, cost.profile, run, row["policy"], meta["devices"],
+                              meta["seed"], wrap=lambda p: logged(p, trace, True))
+    return request_rows(result.records), log.rows()
 
 
 def request_row(q: dict, s: dict) -> str:

@@ -146,10 +146,7 @@ def node_references(trace, profile: dict, factors: dict[str, float], policy: str
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.node.bound import clairvoyant_node_misses, min_node_misses
     from ditmem.scheduler.node.cost import NodeCost
-    from ditmem.scheduler.node.policies import make_node_policy
-    from ditmem.scheduler.node.simulator import simulate_node
     from ditmem.scheduler.node.topology import Node
-    from ditmem.scheduler.noise import TimingNoise
 
     run = NodeCost(CostModel(scale_profile(profile, factors)))
     topo = Node(devices, run.links)
@@ -160,13 +157,32 @@ def node_references(trace, profile: dict, factors: dict[str, float], policy: str
            "bound_attainment": 1 - min_node_misses(reqs, run, devices, topo.degrees) / n,
            "clairvoyant_attainment": 1 - clairvoyant_node_misses(reqs, run, devices) / n,
            "p95_floor_s": alone[min(n - 1, math.ceil(0.95 * n) - 1)]}
-    start = NodeCost(CostModel(profile))
-    policy_obj = make_node_policy(policy, start, Node(devices, start.links))
-    sim = simulate_node([dataclasses.replace(r) for r in trace], policy_obj, topo,
-                        noise=TimingNoise(0.03, 0.0, seed), truth=run)
-    s = summarize(sim.records)
+    s = summarize(node_replay(trace, profile, run, policy, devices, seed)[0].records)
     out.update({f"sim_{k}": s[k] for k in ("slo_attainment", "p95_s", "p99_s")})
     return out
+
+
+def node_replay(trace, profile: dict, run, policy: str, devices: int, seed: int,
+                wrap=None):
+    """The node simulator's replay of ``trace`` with the truth drawn (3 % noise, ``seed``)
+    around ``run`` (a ``NodeCost`` of the run's speed) while ``policy`` plans with the
+    parsed start-up ``profile``; ``wrap``: applied to the policy object first (e.g. a
+    ``DecisionLog``). (The ``NodeResult``, the policy object it ran.)"""
+    from ditmem.scheduler import CostModel
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.policies import make_node_policy
+    from ditmem.scheduler.node.simulator import simulate_node
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.scheduler.noise import TimingNoise
+
+    start = NodeCost(CostModel(profile))
+    policy_obj = make_node_policy(policy, start, Node(devices, start.links))
+    if wrap is not None:
+        policy_obj = wrap(policy_obj)
+    result = simulate_node([dataclasses.replace(r) for r in trace], policy_obj,
+                           Node(devices, run.links), noise=TimingNoise(0.03, 0.0, seed),
+                           truth=run)
+    return result, policy_obj
 
 
 def describe(name: str, start: dict, at_run: dict, real: dict) -> list[str]:
