@@ -25,7 +25,6 @@ traces and draws in both).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import statistics
@@ -35,15 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
 
-from node_demo_sim import RESULTS, parse_seeds, parse_variant  # noqa: E402
+from node_demo_sim import RESULTS, parse_seeds, simulate  # noqa: E402
 
 from ditmem.scheduler import CostModel  # noqa: E402
-from ditmem.scheduler.metrics import summarize  # noqa: E402
-from ditmem.scheduler.node.cost import NodeCost  # noqa: E402
-from ditmem.scheduler.node.policies import make_node_policy  # noqa: E402
-from ditmem.scheduler.node.simulator import simulate_node  # noqa: E402
-from ditmem.scheduler.node.topology import Node  # noqa: E402
-from ditmem.scheduler.noise import TimingNoise  # noqa: E402
 from ditmem.tools.node_demo import build_trace  # noqa: E402
 
 KINDS = {"encode": 1.37, "decode": 0.11, "move": 1.09, "step:d1": 0.11, "step:d2": 0.20}
@@ -52,17 +45,6 @@ CLASSES = {"step:256x256": 0.05, "step:512x512": 0.01, "step:1024x1024": -0.067}
 SETTINGS = {"none": {}, "kinds": KINDS, "classes": {**KINDS, **CLASSES}}
 POLICIES = ("fifo", "slo")  # the default of --variants
 log = logging.getLogger("node_learning")
-
-
-def one(spec: str, trace, cost: CostModel, bias_by: dict, seed: int) -> dict:
-    """One variant (``policy[:option=value,...]``) on ``trace``: its ``summarize``."""
-    name, options = parse_variant(spec)
-    ncost = NodeCost(cost)
-    node = Node(2, ncost.links)
-    pol = make_node_policy(name, ncost, node, **options)
-    noise = TimingNoise(0.03, 0.0, seed, bias_by)
-    result = simulate_node([dataclasses.replace(r) for r in trace], pol, node, noise=noise)
-    return summarize(result.records)
 
 
 def run(profiles: list[str], seeds: list[int], variants=POLICIES) -> list[dict]:
@@ -76,7 +58,7 @@ def run(profiles: list[str], seeds: list[int], variants=POLICIES) -> list[dict]:
             trace = build_trace(args, cost, 2)
             for name, bias_by in SETTINGS.items():
                 for policy in variants:
-                    s = one(policy, trace, cost, bias_by, seed)
+                    s = simulate(policy, trace, cost, 2, seed, bias_by)
                     rows.append({"profile": prof, "seed": seed, "setting": name,
                                  "policy": policy, "attainment": s["slo_attainment"],
                                  "p95_s": s["p95_s"], "p99_s": s["p99_s"]})

@@ -86,13 +86,15 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def simulate(spec: str, trace, cost: CostModel, devices: int, seed: int) -> dict:
-    """One variant on ``trace``: ``summarize`` of the records, noise 3 % seeded ``seed``."""
+def simulate(spec: str, trace, cost: CostModel, devices: int, seed: int,
+             bias_by: dict | None = None) -> dict:
+    """One variant on ``trace``: ``summarize`` of the records, noise 3 % seeded ``seed``
+    (``bias_by``: ``TimingNoise``'s drift by kind and class; none by default)."""
     name, options = parse_variant(spec)
     topo = Node(devices, NodeCost(cost).links)
     policy = make_node_policy(name, NodeCost(cost), topo, **options)
     result = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
-                           noise=TimingNoise(0.03, 0.0, seed))
+                           noise=TimingNoise(0.03, 0.0, seed, bias_by or {}))
     return summarize(result.records)
 
 
