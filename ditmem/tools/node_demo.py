@@ -140,6 +140,8 @@ class TrackedDevices:
         self.devices = devices
         self.truth = truth
         self.check = ProfileCheck()
+        #: one row per stage of every completed job, in completion order: ``JOB_COLUMNS``
+        self.jobs: list[list] = []
 
     def launch(self, job, now: float) -> None:
         self.devices.launch(job, now)
@@ -155,32 +157,50 @@ class TrackedDevices:
                 self.record(c.job, c.timings)
         return done
 
-    def _add(self, stage: str, measured: float, predicted: float) -> None:
+    def _add(self, stage: str, measured: float, predicted: float, cls: str = "",
+             count: int = 1) -> None:
         self.check.add(stage, measured, predicted)
+        self.jobs.append([stage, cls, count, measured, predicted])
 
     def record(self, job, t) -> None:
         """Add one job's ``Timings`` ``t`` and the profile's times for ``job``."""
         from ditmem.scheduler.node.device import spread
+        from ditmem.scheduler.noise import shape_class, step_class
 
         truth, cost, degree = self.truth, self.truth.cost, job.group.degree
         if job.moves:
             self._add("moves", t.transfer_s, sum(
                 truth.offload_time(m.request, m.src) if m.dst is None
-                else truth.move_time(m.request, m.src, m.dst)[0] for m in job.moves))
+                else truth.move_time(m.request, m.src, m.dst)[0] for m in job.moves),
+                ",".join(sorted({m.kind for m in job.moves})), len(job.moves))
         if job.encodes:
             self._add("encodes", t.encode_s,
-                      spread([cost.encode_time(r) for r in job.encodes], degree))
+                      spread([cost.encode_time(r) for r in job.encodes], degree),
+                      step_class(job.encodes), len(job.encodes))
         if job.batch and job.steps:
             tokens = [cost.tokens(r) for r in job.batch]
             self._add(f"steps d{degree}", t.step_s,
-                      job.steps * truth.step_time(job.batch[0].model, tokens, degree))
+                      job.steps * truth.step_time(job.batch[0].model, tokens, degree),
+                      step_class(job.batch), job.steps)
         if job.decodes:
             self._add("decodes", t.decode_s,
-                      spread([cost.decode_time(r) for r in job.decodes], degree))
+                      spread([cost.decode_time(r) for r in job.decodes], degree),
+                      shape_class(job.decodes[0]) if len(job.decodes) == 1
+                      else step_class(job.decodes), len(job.decodes))
 
     def summary(self) -> dict[str, dict]:
         """Per stage: ``{"measured_s", "predicted_s", "ratio", "jobs"}`` (sums over jobs)."""
         return self.check.summary()
+
+    def job_timings(self) -> dict:
+        """Every job's stages as measured: ``{"columns": JOB_COLUMNS, "rows": [...]}`` (seconds;
+        ``class``: the stage's shape class, its largest member's, or the moves' kinds;
+        ``count``: steps, requests or moves the stage held)."""
+        return {"columns": list(JOB_COLUMNS), "rows": self.jobs}
+
+
+#: the columns of ``TrackedDevices.job_timings``' rows
+JOB_COLUMNS = ("stage", "class", "count", "measured_s", "predicted_s")
 
 
 class CountingDevices:
@@ -339,6 +359,7 @@ def run_policy(node, name: str, trace, cost, topo_devices: int, progress,
     out.update(policy=name, wall_s=wall, errors=devices.errors, steps_by_degree=steps,
                migrations=sum(r.migrations for r in result.records),
                parks=sum(r.offloads for r in result.records), vs_profile=tracked.summary(),
+               job_timings=tracked.job_timings(),
                moves_breakdown=breakdown(devices.moves), **run_rows(result.records, counting))
     if log:
         out["decision_log"] = policy.rows()

@@ -86,6 +86,12 @@ def test_tracked_devices_put_each_stage_beside_the_profile():
     assert out["steps d2"]["ratio"] == pytest.approx(1.8)   # ran at degree-1 speed
     assert out["steps d1"]["ratio"] == pytest.approx(1.0)
     assert out["steps d1"]["jobs"] == 1
+    rows = tracked.job_timings()
+    assert rows["columns"] == ["stage", "class", "count", "measured_s", "predicted_s"]
+    assert rows["rows"] == [["steps d2", "1024x1024", 3, pytest.approx(3 * one),
+                             pytest.approx(3 * one / 1.8)],
+                            ["steps d1", "1024x1024", 2, pytest.approx(2 * one),
+                             pytest.approx(2 * one)]]
 
 
 def test_workers_degree_one_step_is_checked_against_the_single_device_profile():
