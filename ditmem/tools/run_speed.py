@@ -163,11 +163,13 @@ def node_references(trace, profile: dict, factors: dict[str, float], policy: str
 
 
 def node_replay(trace, profile: dict, run, policy: str, devices: int, seed: int,
-                wrap=None):
+                wrap=None, residuals=None):
     """The node simulator's replay of ``trace`` with the truth drawn (3 % noise, ``seed``)
     around ``run`` (a ``NodeCost`` of the run's speed) while ``policy`` plans with the
     parsed start-up ``profile``; ``wrap``: applied to the policy object first (e.g. a
-    ``DecisionLog``). (The ``NodeResult``, the policy object it ran.)"""
+    ``DecisionLog``); ``residuals``: measured log ratios by kind and class
+    (``TimingNoise.residuals``) drawn instead of the 3 % where they have a pool. (The
+    ``NodeResult``, the policy object it ran.)"""
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.policies import make_node_policy
@@ -180,7 +182,8 @@ def node_replay(trace, profile: dict, run, policy: str, devices: int, seed: int,
     if wrap is not None:
         policy_obj = wrap(policy_obj)
     result = simulate_node([dataclasses.replace(r) for r in trace], policy_obj,
-                           Node(devices, run.links), noise=TimingNoise(0.03, 0.0, seed),
+                           Node(devices, run.links),
+                           noise=TimingNoise(0.03, 0.0, seed, residuals=residuals or {}),
                            truth=run)
     return result, policy_obj
 
