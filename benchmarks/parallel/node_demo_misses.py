@@ -69,22 +69,15 @@ def replay_at_run_speed(meta: dict, row: dict, profile_path: str) -> tuple[list,
     """``row``'s policy on its run's trace at the run's measured speed: (``per_request``
     rows, ``DecisionLog.rows()``). ``meta``: the run JSON's first row (workload, load,
     requests, seed, divisor, devices)."""
-    import types
-
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.node.cost import NodeCost
-    from ditmem.tools.node_demo import build_trace, logged
+    from ditmem.tools.node_demo import logged, rebuild_trace
     from ditmem.tools.report import request_rows
     from ditmem.tools.run_speed import node_replay, scale_profile
 
     with open(profile_path) as f:
         cost = CostModel.from_dict(json.load(f))
-    args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
-                                 requests=meta["requests"], seed=meta["seed"],
-                                 arrival="poisson", divisor=meta["divisor"])
-    trace = build_trace(args, cost, meta["devices"])
-    for r in trace:
-        cost.assign_deadline(r, 3.0)
+    trace = rebuild_trace(meta, cost)
     run = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))
     result, log = node_replay(trace, cost.profile, run, row["policy"], meta["devices"],
                               meta["seed"], wrap=lambda p: logged(p, trace, True))

@@ -26,7 +26,6 @@ import logging
 import math
 import statistics
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,7 +86,7 @@ def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.node.cost import NodeCost
-    from ditmem.tools.node_demo import build_trace
+    from ditmem.tools.node_demo import rebuild_trace
     from ditmem.tools.run_speed import node_replay, scale_profile
 
     with open(run_path) as f:
@@ -95,12 +94,7 @@ def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int
     with open(profile_path) as f:
         cost = CostModel.from_dict(json.load(f))
     meta = runs[0]
-    args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
-                                 requests=meta["requests"], seed=meta["seed"],
-                                 arrival="poisson", divisor=meta["divisor"])
-    trace = build_trace(args, cost, meta["devices"])
-    for r in trace:
-        cost.assign_deadline(r, 3.0)
+    trace = rebuild_trace(meta, cost)
     out = []
     for row in runs:
         run = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))

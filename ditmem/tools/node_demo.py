@@ -274,6 +274,21 @@ def build_trace(args, cost, devices: int):
     return with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
 
 
+def rebuild_trace(meta: dict, cost):
+    """A saved run's trace (``meta``: its JSON's first row: workload, load, requests, seed,
+    divisor, devices; ``cost``: the ``CostModel`` of the profile it measured at start), its
+    deadlines assigned as the run did (3 × standalone)."""
+    import types
+
+    args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
+                                 requests=meta["requests"], seed=meta["seed"],
+                                 arrival="poisson", divisor=meta["divisor"])
+    trace = build_trace(args, cost, meta["devices"])
+    for r in trace:
+        cost.assign_deadline(r, 3.0)
+    return trace
+
+
 class _Progress:
     """One progress line for the whole run (rewritten in place)."""
 
