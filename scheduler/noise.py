@@ -231,7 +231,8 @@ _STAGE_KINDS = {"encodes": "encode", "decodes": "decode", "moves": "move"}
 
 def fit_residuals(rows: Iterable[Sequence], *, min_samples: int = 20) -> dict[str, list[float]]:
     """``TimingNoise.residuals`` from measured jobs: ``rows`` of (stage, class, count,
-    measured_s, predicted_s) as ``demo --devices`` writes them (``job_timings``; stage
+    measured_s, predicted_s, ...) as ``demo --devices`` writes them (``job_timings``: the
+    columns after these are ignored; stage
     ``"steps dN"``, ``"encodes"``, ``"decodes"`` or ``"moves"``). Only single pieces of work
     (count 1) and positive times are used, so a pool holds one step's, one encode's, one
     decode's or one move's log ratio. Pools: per kind, and per kind and class (a step's
@@ -241,7 +242,7 @@ def fit_residuals(rows: Iterable[Sequence], *, min_samples: int = 20) -> dict[st
     if min_samples < 1:
         raise ValueError(f"min_samples: an integer >= 1, got {min_samples!r}")
     pools: dict[str, list[float]] = {}
-    for stage, cls, count, measured, predicted in rows:
+    for stage, cls, count, measured, predicted, *_ in rows:
         if count != 1 or not (measured > 0 and predicted > 0):
             continue
         if stage.startswith("steps d"):

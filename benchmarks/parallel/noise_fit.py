@@ -49,7 +49,7 @@ def job_rows(paths: list[str]) -> list[list]:
 def stats(rows: list[list]) -> list[dict]:
     """Per (stage, class) of single pieces of work: the figures of the module docstring."""
     groups: dict[tuple[str, str], list[float]] = {}
-    for stage, cls, count, measured, predicted in rows:
+    for stage, cls, count, measured, predicted, *_ in rows:
         if count == 1 and measured > 0 and predicted > 0:
             groups.setdefault((stage, cls), []).append(math.log(measured / predicted))
     out = []

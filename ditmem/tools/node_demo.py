@@ -142,6 +142,7 @@ class TrackedDevices:
         self.check = ProfileCheck()
         #: one row per stage of every completed job, in completion order: ``JOB_COLUMNS``
         self.jobs: list[list] = []
+        self._span = (math.nan, math.nan)  # the job ``record`` is adding
 
     def launch(self, job, now: float) -> None:
         self.devices.launch(job, now)
@@ -154,16 +155,18 @@ class TrackedDevices:
         done = self.devices.wait(until)
         for c in done:
             if c.last:
-                self.record(c.job, c.timings)
+                self.record(c.job, c.timings, c.started, c.finished)
         return done
 
     def _add(self, stage: str, measured: float, predicted: float, cls: str = "",
              count: int = 1) -> None:
         self.check.add(stage, measured, predicted)
-        self.jobs.append([stage, cls, count, measured, predicted])
+        self.jobs.append([stage, cls, count, measured, predicted, *self._span])
 
-    def record(self, job, t) -> None:
-        """Add one job's ``Timings`` ``t`` and the profile's times for ``job``."""
+    def record(self, job, t, started: float = math.nan, finished: float = math.nan) -> None:
+        """Add one job's ``Timings`` ``t`` and the profile's times for ``job`` (``started``,
+        ``finished``: the job's launch and last event on the loop's clock, s)."""
+        self._span = (started, finished)
         from ditmem.scheduler.node.device import spread
         from ditmem.scheduler.noise import shape_class, step_class
 
@@ -195,12 +198,14 @@ class TrackedDevices:
     def job_timings(self) -> dict:
         """Every job's stages as measured: ``{"columns": JOB_COLUMNS, "rows": [...]}`` (seconds;
         ``class``: the stage's shape class, its largest member's, or the moves' kinds;
-        ``count``: steps, requests or moves the stage held)."""
+        ``count``: steps, requests or moves the stage held; ``job_started_s`` /
+        ``job_finished_s``: the whole job's launch and last event on the loop's clock)."""
         return {"columns": list(JOB_COLUMNS), "rows": self.jobs}
 
 
 #: the columns of ``TrackedDevices.job_timings``' rows
-JOB_COLUMNS = ("stage", "class", "count", "measured_s", "predicted_s")
+JOB_COLUMNS = ("stage", "class", "count", "measured_s", "predicted_s", "job_started_s",
+               "job_finished_s")
 
 
 class CountingDevices:

@@ -87,11 +87,12 @@ def test_tracked_devices_put_each_stage_beside_the_profile():
     assert out["steps d1"]["ratio"] == pytest.approx(1.0)
     assert out["steps d1"]["jobs"] == 1
     rows = tracked.job_timings()
-    assert rows["columns"] == ["stage", "class", "count", "measured_s", "predicted_s"]
+    assert rows["columns"] == ["stage", "class", "count", "measured_s", "predicted_s",
+                               "job_started_s", "job_finished_s"]
     assert rows["rows"] == [["steps d2", "1024x1024", 3, pytest.approx(3 * one),
-                             pytest.approx(3 * one / 1.8)],
+                             pytest.approx(3 * one / 1.8), 0.0, 1.0],
                             ["steps d1", "1024x1024", 2, pytest.approx(2 * one),
-                             pytest.approx(2 * one)]]
+                             pytest.approx(2 * one), 0.0, 1.0]]
 
 
 def test_workers_degree_one_step_is_checked_against_the_single_device_profile():
