@@ -42,7 +42,8 @@ measured lag-1 autocorrelation of a step's log ratio is 0.3–0.6 on this projec
 Each pool is re-centred on itself (the mean of ``exp`` over it is 1), so that ``E[true] =
 predicted * factor`` still holds: a pool carries the measured spread, tail and runs, and
 the mean error stays the bias (``bias``, ``bias_by``). Kinds without a pool keep the
-lognormal.
+lognormal, from the same seeded stream (a pool's start is drawn from it, so the
+lognormal draws of a run with pools are not those of the same seed without).
 """
 
 from __future__ import annotations
@@ -236,23 +237,24 @@ def fit_residuals(rows: Iterable[Sequence], *, min_samples: int = 20) -> dict[st
     ``"steps dN"``, ``"encodes"``, ``"decodes"`` or ``"moves"``). Only single pieces of work
     (count 1) and positive times are used, so a pool holds one step's, one encode's, one
     decode's or one move's log ratio. Pools: per kind, and per kind and class (a step's
-    shape and degree: ``"step:1024x1024:d2"``) where the class has ``min_samples`` or more.
+    shape and degree: ``"step:1024x1024:d2"``), each where it has ``min_samples`` or more
+    (a kind measured less keeps the lognormal: one value re-centred would be no noise).
     The mean error is left in the values; ``TimingNoise`` re-centres each pool (the bias is
     the caller's)."""
     if min_samples < 1:
         raise ValueError(f"min_samples: an integer >= 1, got {min_samples!r}")
     pools: dict[str, list[float]] = {}
     for stage, cls, count, measured, predicted, *_ in rows:
-        if count != 1 or not (measured > 0 and predicted > 0):
-            continue
         if stage.startswith("steps d"):
             kind, cls = "step", f"{cls}:d{stage.removeprefix('steps d')}"
         elif stage in _STAGE_KINDS:
             kind = _STAGE_KINDS[stage]
         else:
             raise ValueError(f"rows: unknown stage {stage!r}")
+        if count != 1 or not (measured > 0 and predicted > 0):
+            continue
         value = math.log(measured / predicted)
         pools.setdefault(kind, []).append(value)
         if cls and "," not in cls:
             pools.setdefault(f"{kind}:{cls}", []).append(value)
-    return {k: v for k, v in pools.items() if ":" not in k or len(v) >= min_samples}
+    return {k: v for k, v in pools.items() if len(v) >= min_samples}

@@ -50,11 +50,13 @@ def test_fit_keeps_single_pieces_of_work_per_kind_and_per_class():
             ["decodes", "256x256", 1, 0.0, 1.0]]
     got = fit_residuals(rows, min_samples=2)
     assert got == {"step": pytest.approx([math.log(2), 0.0, math.log(0.5)]),
-                   "step:256x256:d2": pytest.approx([math.log(2), 0.0]),
-                   "encode": pytest.approx([math.log(2)]), "move": pytest.approx([math.log(0.5)])}
-    assert "step:256x256:d2" in fit_residuals(rows, min_samples=1)
-    assert "step:1024x1024:d1" in fit_residuals(rows, min_samples=1)
-    with pytest.raises(ValueError, match="stage"):
-        fit_residuals([["frobs", "", 1, 1.0, 1.0]])
+                   "step:256x256:d2": pytest.approx([math.log(2), 0.0])}  # one encode, move
+    one = fit_residuals(rows, min_samples=1)
+    assert one["encode"] == pytest.approx([math.log(2)])
+    assert one["move"] == pytest.approx([math.log(0.5)])
+    assert "step:1024x1024:d1" in one and "step:1024x1024:d1" not in got
+    for count in (1, 3):  # an unknown stage is refused even on a row the fit skips
+        with pytest.raises(ValueError, match="stage"):
+            fit_residuals([["frobs", "", count, 1.0, 1.0]])
     with pytest.raises(ValueError, match="min_samples"):
         fit_residuals(rows, min_samples=0)
