@@ -142,7 +142,6 @@ class TrackedDevices:
         self.check = ProfileCheck()
         #: one row per stage of every completed job, in completion order: ``JOB_COLUMNS``
         self.jobs: list[list] = []
-        self._span = (math.nan, math.nan)  # the job ``record`` is adding
 
     def launch(self, job, now: float) -> None:
         self.devices.launch(job, now)
@@ -155,41 +154,38 @@ class TrackedDevices:
         done = self.devices.wait(until)
         for c in done:
             if c.last:
-                self.record(c.job, c.timings, c.started, c.finished)
+                self.record(c)
         return done
 
-    def _add(self, stage: str, measured: float, predicted: float, cls: str = "",
-             count: int = 1) -> None:
-        self.check.add(stage, measured, predicted)
-        self.jobs.append([stage, cls, count, measured, predicted, *self._span])
-
-    def record(self, job, t, started: float = math.nan, finished: float = math.nan) -> None:
-        """Add one job's ``Timings`` ``t`` and the profile's times for ``job`` (``started``,
-        ``finished``: the job's launch and last event on the loop's clock, s)."""
-        self._span = (started, finished)
+    def record(self, c) -> None:
+        """Add a job's last ``Completion`` ``c``: each stage's measured seconds (its
+        ``Timings``), the profile's for the job, and the job's launch and end."""
         from ditmem.scheduler.node.device import spread
-        from ditmem.scheduler.noise import shape_class, step_class
+        from ditmem.scheduler.noise import step_class
 
+        job, t = c.job, c.timings
         truth, cost, degree = self.truth, self.truth.cost, job.group.degree
+
+        def add(stage: str, measured: float, predicted: float, cls: str, count: int) -> None:
+            self.check.add(stage, measured, predicted)
+            self.jobs.append([stage, cls, count, measured, predicted, c.started, c.finished])
+
         if job.moves:
-            self._add("moves", t.transfer_s, sum(
+            add("moves", t.transfer_s, sum(
                 truth.offload_time(m.request, m.src) if m.dst is None
                 else truth.move_time(m.request, m.src, m.dst)[0] for m in job.moves),
                 ",".join(sorted({m.kind for m in job.moves})), len(job.moves))
         if job.encodes:
-            self._add("encodes", t.encode_s,
-                      spread([cost.encode_time(r) for r in job.encodes], degree),
-                      step_class(job.encodes), len(job.encodes))
+            add("encodes", t.encode_s, spread([cost.encode_time(r) for r in job.encodes], degree),
+                step_class(job.encodes), len(job.encodes))
         if job.batch and job.steps:
             tokens = [cost.tokens(r) for r in job.batch]
-            self._add(f"steps d{degree}", t.step_s,
-                      job.steps * truth.step_time(job.batch[0].model, tokens, degree),
-                      step_class(job.batch), job.steps)
+            add(f"steps d{degree}", t.step_s,
+                job.steps * truth.step_time(job.batch[0].model, tokens, degree),
+                step_class(job.batch), job.steps)
         if job.decodes:
-            self._add("decodes", t.decode_s,
-                      spread([cost.decode_time(r) for r in job.decodes], degree),
-                      shape_class(job.decodes[0]) if len(job.decodes) == 1
-                      else step_class(job.decodes), len(job.decodes))
+            add("decodes", t.decode_s, spread([cost.decode_time(r) for r in job.decodes], degree),
+                step_class(job.decodes), len(job.decodes))
 
     def summary(self) -> dict[str, dict]:
         """Per stage: ``{"measured_s", "predicted_s", "ratio", "jobs"}`` (sums over jobs)."""
