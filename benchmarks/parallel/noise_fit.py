@@ -28,8 +28,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+
+from node_demo_sim import parse_seeds  # noqa: E402
 
 log = logging.getLogger("noise_fit")
 
@@ -73,12 +74,6 @@ def print_stats(rows: list[dict]) -> None:
         print(f"{r['stage']:<10} {r['class']:<16} {r['jobs']:>5} {r['median']:>7.3f} "
               f"{r['sigma']:>6.3f} {r['p95_over_median']:>8.2f} {r['p99_over_median']:>8.2f} "
               f"{r['lag1']:>5.2f}")
-
-
-def parse_seeds(text: str) -> list[int]:
-    from node_demo_sim import parse_seeds as parse
-
-    return parse(text)
 
 
 def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int]) -> list[dict]:
