@@ -135,16 +135,10 @@ def test_timelines_show_the_wait_behind_the_split_decode_and_the_tool_prints_the
         "wait (large decode)", "last step + decode"]
 
 
-def test_rides_count_the_decisions_a_request_shared_a_larger_requests_step():
+def test_rides_count_the_decisions_a_request_shared_a_larger_requests_step(load_benchmark):
     """Hand-built log: s (256²) alone on device 0, then in device 1's job with b (1024²)
     twice, then with t (256²); b is never smaller than its partner."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks/parallel/node_demo_misses.py"
-    spec = importlib.util.spec_from_file_location("node_demo_misses", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_benchmark("parallel/node_demo_misses.py")
     rows = [{"id": "s", "shape": "256x256"}, {"id": "t", "shape": "256x256"},
             {"id": "b", "shape": "1024x1024"}]
     decisions = [

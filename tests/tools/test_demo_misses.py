@@ -1,19 +1,11 @@
 """benchmarks/scheduler/demo_misses.py: the run's misses beside its replays', per request."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler" / "demo_misses.py"
 
 
 @pytest.fixture(scope="module")
-def demo_misses():
-    spec = importlib.util.spec_from_file_location("demo_misses", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def demo_misses(load_benchmark):
+    return load_benchmark("scheduler/demo_misses.py")
 
 
 def _row(rid, shape, arrival, window, start, latency, met, pre=0):

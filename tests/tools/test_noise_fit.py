@@ -1,20 +1,13 @@
 """benchmarks/parallel/noise_fit.py: the per-class figures of a run's measured jobs."""
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "parallel" / "noise_fit.py"
-
 
 @pytest.fixture(scope="module")
-def noise_fit():
-    spec = importlib.util.spec_from_file_location("noise_fit", _PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def noise_fit(load_benchmark):
+    return load_benchmark("parallel/noise_fit.py")
 
 
 def test_figures_of_hand_made_jobs(noise_fit):

@@ -1,22 +1,15 @@
 """benchmarks/scheduler/tail_flows.py: when slo gave a request up, with how many steps left,
 and when its last step ended, read from a decision log."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler"
-
 
 @pytest.fixture(scope="module")
-def tail_flows():
-    sys.path.insert(0, str(_DIR))
-    spec = importlib.util.spec_from_file_location("tail_flows", _DIR / "tail_flows.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def tail_flows(load_benchmark):
+    return load_benchmark("scheduler/tail_flows.py")
 
 
 def test_what_slo_did_on_a_hand_schedule(tail_flows):
