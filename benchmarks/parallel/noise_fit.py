@@ -3,6 +3,7 @@
     python benchmarks/parallel/noise_fit.py fit RUN.json [RUN.json ...] --out FIT.json
     python benchmarks/parallel/noise_fit.py check --fit FIT.json RUN.json:PROFILE.json ...
         [--seeds 0-9] [--json OUT]
+    python benchmarks/parallel/noise_fit.py gaps RUN.json
 
 ``fit``: every single step, encode, decode and move a ``demo --devices --json`` run measured
 (``job_timings``, both policies) as ``log(measured / predicted)``: per stage and class the
@@ -16,6 +17,12 @@ attainment / P95 / P99 beside the node simulator's replay of the same trace at t
 measured speed (``ditmem.tools.run_speed.node_replay``) over ``--seeds`` noise seeds, with
 the simulator's 3 % lognormal and with the fitted pools — mean and range over the seeds.
 Where the fitted noise's range holds the run and the 3 % one does not, the gap was noise.
+
+``gaps``: per policy and kind of job (its step stage and class, "+dec" for a last step with
+its decode), the loop's span of each job (launch to last event, ``job_started_s`` /
+``job_finished_s``) beside the sum of its stages as the workers measured them: jobs, both
+sums, the gap per job (median, 95th percentile) and in all — the time the replay at the
+run's speed never sees (it scales the profile by the stages' ratio).
 """
 
 from __future__ import annotations
@@ -108,6 +115,38 @@ def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int
     return out
 
 
+def gaps(run: dict) -> list[dict]:
+    """Per kind of job of one policy's run row: the ``gaps`` figures of the module docstring."""
+    jobs: dict[tuple[float, float], list[list]] = {}
+    for row in run["job_timings"]["rows"]:
+        jobs.setdefault((row[5], row[6]), []).append(row)
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for (started, finished), stages in jobs.items():
+        steps = [x for x in stages if x[0].startswith("steps")]
+        kind = (f"{steps[0][0]} {steps[0][1]}" if steps
+                else "+".join(sorted({x[0] for x in stages})))
+        if steps and any(x[0] == "decodes" for x in stages):
+            kind += " +dec"
+        groups.setdefault(kind, []).append((finished - started, sum(x[3] for x in stages)))
+    out = []
+    for kind, pairs in sorted(groups.items()):
+        gap = sorted(span - measured for span, measured in pairs)
+        out.append({"policy": run["policy"], "jobs": kind, "n": len(pairs),
+                    "span_s": sum(p[0] for p in pairs), "stages_s": sum(p[1] for p in pairs),
+                    "gap_median_s": statistics.median(gap),
+                    "gap_p95_s": gap[round(0.95 * (len(gap) - 1))], "gap_s": sum(gap)})
+    return out
+
+
+def print_gaps(rows: list[dict]) -> None:
+    print(f"{'policy':<6} {'jobs':<28} {'n':>5} {'span s':>8} {'stages s':>9} "
+          f"{'gap med ms':>11} {'p95 ms':>7} {'gap s':>6}")
+    for r in rows:
+        print(f"{r['policy']:<6} {r['jobs']:<28} {r['n']:>5} {r['span_s']:>8.2f} "
+              f"{r['stages_s']:>9.2f} {1000 * r['gap_median_s']:>11.1f} "
+              f"{1000 * r['gap_p95_s']:>7.1f} {r['gap_s']:>6.2f}")
+
+
 def print_checks(entries: list[dict]) -> None:
     print(f"{'run':<28} {'policy':<6} {'real att/P95/P99':>22}   "
           f"{'3 % lognormal: att mean [min-max] / P95 / P99':<46} {'fitted: same'}")
@@ -139,6 +178,8 @@ def main(argv=None) -> int:
     c.add_argument("--fit", required=True, help="a file `fit --out` wrote")
     c.add_argument("--seeds", default="0-9", help="noise seeds (default 0-9)")
     c.add_argument("--json", help="write the rows here")
+    g = sub.add_parser("gaps", help="per kind of job: the loop's span beside the stages")
+    g.add_argument("run", help="a demo --devices --json file with job timestamps (ddcd44d on)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.cmd == "fit":
@@ -149,6 +190,13 @@ def main(argv=None) -> int:
             pools = fit_residuals(rows, min_samples=args.min_samples)
             with open(args.out, "w") as fh:
                 json.dump({"source": args.runs, "stats": figures, "residuals": pools}, fh)
+        return 0
+    if args.cmd == "gaps":
+        with open(args.run) as fh:
+            runs = json.load(fh)
+        if any(len(run["job_timings"]["columns"]) < 7 for run in runs):
+            ap.error(f"{args.run}: its job_timings have no job timestamps (a run before ddcd44d)")
+        print_gaps([row for run in runs for row in gaps(run)])
         return 0
     with open(args.fit) as fh:
         residuals = json.load(fh)["residuals"]
