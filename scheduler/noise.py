@@ -28,7 +28,8 @@ Keys (``bias_by``): ``KIND`` or ``KIND:CLASS``, ``KIND`` one of :data:`KINDS`:
   (``"d2"``);
 * ``encode``, ``decode``: a request's prompt encode and VAE decode, class: its shape;
 * ``move``: a copy of paused state, class on a node: the move's kind (``"offload"``,
-  ``"restore"``, ``"peer"``, ``"host"``); one device's host-link copies have no class.
+  ``"restore"``, ``"peer"``, ``"host"``); one device's host-link copies have no class;
+* ``launch``: a node job's fixed cost besides its stages (``links.job_latency_s``), no class.
 
 **Measured spread (``residuals``).** The lognormal's tails are thin; a real machine's are
 not (a step that waits for the OS, a slow period). ``residuals`` maps ``KIND``,
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 #: Lognormal spread of a simulated duration around its prediction when none is given.
 DEFAULT_SIGMA = 0.03
 #: The kinds of work a draw names (``TimingNoise.draw``'s ``kind``; ``bias_by``'s keys).
-KINDS = ("step", "encode", "decode", "move")
+KINDS = ("step", "encode", "decode", "move", "launch")
 _SHAPE = re.compile(r"\d+x\d+(x\d+)?")  # shape_class's "WxH" / "WxHxF"
 _DEGREE = re.compile(r"d\d+")  # a node step's degree
 
@@ -195,6 +196,8 @@ def _known_class(kind: str, cls: str) -> bool:
         from .node.cost import MOVE_KINDS  # here: the node package imports this module
 
         return cls in MOVE_KINDS
+    if kind == "launch":
+        return False
     return bool(_SHAPE.fullmatch(cls) or (kind == "step" and _DEGREE.fullmatch(cls)))
 
 

@@ -15,6 +15,14 @@ Every move command also costs the links' fixed ``move_latency_s`` (a move throug
 is two: offload and restore), and each kind of move ("restore", "peer", "host", "offload")
 learns a measured/predicted factor online (``observe_move``, EWMA) as steps do.
 
+Every job costs the links' fixed ``job_latency_s`` besides its stages (the launch command,
+the job's thread, the completion's way back): a request's remaining or standalone time
+(``remaining``, ``standalone``) adds it once per job the policy will launch for the steps
+left — ``steps_per_job`` steps a job (``ceil(steps left / steps_per_job)`` jobs, at least
+one; None: the whole rest in one job, as a run-to-completion policy launches it). Step
+times (``step_time``, ``alone_step``, ``base_step_time``) leave it out: a packing gain is
+judged in the profile's units, and a job of k steps pays it once, not k times.
+
 A move reads from and writes to devices (``move_mask``): it cannot start before every one
 of them is free, i.e. before the job running there (another request's step) ends —
 ``move_wait`` prices that from the devices' busy-until times.
@@ -179,11 +187,30 @@ class NodeCost:
         """Seconds of ``request``'s prompt encode (the profile's, learned factor included)."""
         return self.cost.encode_time(request) * self._encode_correction.get(request.model, 1.0)
 
-    def remaining(self, request: Request, steps_done: int, degree: int = 1) -> float:
+    @property
+    def job_latency_s(self) -> float:
+        """Seconds every job costs besides its stages (``Links.job_latency_s``)."""
+        return self.links.job_latency_s
+
+    def jobs_latency(self, steps_left: int, steps_per_job: int | None = None) -> float:
+        """Seconds of the fixed job cost of the jobs that run ``steps_left`` steps,
+        ``steps_per_job`` a job (None: one job for them all): ``job_latency_s`` ×
+        ``max(1, ceil(steps_left / steps_per_job))``."""
+        if steps_per_job is not None and steps_per_job < 1:
+            raise ValueError(f"steps_per_job: an integer >= 1 or None, got {steps_per_job!r}")
+        if not self.links.job_latency_s:
+            return 0.0
+        jobs = 1 if steps_per_job is None else max(1, -(-steps_left // steps_per_job))
+        return jobs * self.links.job_latency_s
+
+    def remaining(self, request: Request, steps_done: int, degree: int = 1,
+                  steps_per_job: int | None = None) -> float:
         """Seconds still needed alone at ``degree``: steps left + decode (+ encode when it
-        has not started)."""
-        rest = (request.steps - steps_done) * self.alone_step(request, degree)
-        rest += self.decode_time(request)
+        has not started) + the fixed cost of each job launched for them
+        (:meth:`jobs_latency`: ``steps_per_job`` steps a job; None: one job)."""
+        left = request.steps - steps_done
+        rest = left * self.alone_step(request, degree)
+        rest += self.decode_time(request) + self.jobs_latency(left, steps_per_job)
         return rest + (self.encode_time(request) if steps_done == 0 else 0.0)
 
     def decode_parts(self, request: Request, devices: int = 1) -> tuple[list[float], float]:
@@ -245,8 +272,11 @@ class NodeCost:
         ratio = (measured_s - blend) / tiles_s
         self._decode_correction[key] = (1 - self._alpha) * old + self._alpha * ratio
 
-    def standalone(self, request: Request, degree: int = 1) -> float:
-        return self.remaining(request, 0, degree)
+    def standalone(self, request: Request, degree: int = 1,
+                   steps_per_job: int | None = None) -> float:
+        """Seconds of ``request`` alone at ``degree`` from its start (:meth:`remaining` of
+        all its steps; one job by default, as a run to completion)."""
+        return self.remaining(request, 0, degree, steps_per_job)
 
     # ---- memory and moves ------------------------------------------------------------
     def shard_pages(self, request: Request, degree: int, page_bytes: int) -> int:

@@ -28,6 +28,7 @@ back as they come.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -37,6 +38,10 @@ from ..noise import TimingNoise, shape_class, step_class
 from ..request import Request
 from .cost import NodeCost, busy_until, move_mask, spread
 from .topology import Group
+
+#: the seed offset of ``VirtualDevices``' launch draws (apart from every job's own stream,
+#: ``noise.seed * 1_000_003 + job_id``)
+LAUNCH_SEED = 2**40
 
 
 @dataclass(slots=True)
@@ -72,15 +77,18 @@ class Job:
 class Timings:
     """Seconds a job spent per stage (transfers, encodes, steps, decodes), and waiting for
     devices held by other jobs (``wait_s``: its moves' sources, or its own group's devices
-    still sending another job's move). ``move_s``: each move's own seconds, in the job's
-    order (what ``NodeCost.observe_move`` learns from; empty when a device does not time
-    its moves one by one)."""
+    still sending another job's move). ``launch_s``: the job's fixed cost besides its
+    stages (``links.job_latency_s``: on ``VirtualDevices`` paid before its first stage; a
+    real node's workers leave it 0, the loop's clock holds it). ``move_s``: each move's own
+    seconds, in the job's order (what ``NodeCost.observe_move`` learns from; empty when a
+    device does not time its moves one by one)."""
 
     transfer_s: float = 0.0
     encode_s: float = 0.0
     step_s: float = 0.0
     decode_s: float = 0.0
     wait_s: float = 0.0
+    launch_s: float = 0.0
     move_s: list[float] = field(default_factory=list)
     #: (request id, devices its tiles ran on, seconds from its start to its image) per decode
     #: the devices measured whole (what ``NodeCost.observe_decode`` learns from; a split
@@ -89,7 +97,8 @@ class Timings:
 
     @property
     def total(self) -> float:
-        return self.wait_s + self.transfer_s + self.encode_s + self.step_s + self.decode_s
+        return (self.wait_s + self.launch_s + self.transfer_s + self.encode_s + self.step_s
+                + self.decode_s)
 
 
 @dataclass(slots=True)
@@ -383,6 +392,11 @@ class VirtualDevices:
     last job, or the last move reading from or writing to it, ends. A job starts when its
     group's devices are (the loop frees a group when its job ends, but a move of another
     job may still be reading from it), and each of its moves when the move's devices are.
+    Its stages begin the truth's ``job_latency_s`` later (``Timings.launch_s``), so the
+    loop's clock and every ``Completion`` hold it as on a real node: drawn, kind
+    ``"launch"``, from a stream of its own (the noise's settings, seed ``LAUNCH_SEED +
+    seed``), so a latency leaves every other duration's draw as it was (common random
+    numbers across latencies).
     """
 
     def __init__(self, truth: NodeCost, noise: TimingNoise | None = None, devices: int = 0):
@@ -394,6 +408,7 @@ class VirtualDevices:
         self.busy: list[float] = [0.0] * devices
         self._splits: dict[int, _SplitRun] = {}  # split jobs until their last event
         self._cancelled: set[int] = set()  # heap entries ``reclaim`` replaced
+        self._launch_noise: TimingNoise | None = None  # the launches' stream (class doc)
 
     def timings(self, job: Job, now: float = 0.0) -> Timings:
         """Run ``job`` launched at ``now``: its stages' true seconds (waits included)."""
@@ -406,8 +421,10 @@ class VirtualDevices:
         if len(self.busy) < top:
             self.busy.extend([0.0] * (top - len(self.busy)))
         start = busy_until(job.group.mask, self.busy, now)
-        stages = _VirtualJob(self, job, start)
+        launch = self._launch(self.truth.job_latency_s)
+        stages = _VirtualJob(self, job, start + launch)
         stages.timings.wait_s = start - now
+        stages.timings.launch_s = launch
         run_job(job, stages)
         self.link_busy_s += stages.timings.transfer_s
         t = stages.timings
@@ -415,6 +432,15 @@ class VirtualDevices:
         for d in job.group.devices:
             self.busy[d] = max(self.busy[d], stepped + stages.device_ends.get(d, 0.0))
         return t, stages
+
+    def _launch(self, latency: float) -> float:
+        """One job's drawn fixed seconds around ``latency`` (the class docstring)."""
+        if latency <= 0:
+            return 0.0
+        if self._launch_noise is None:
+            self._launch_noise = dataclasses.replace(self.noise,
+                                                     seed=LAUNCH_SEED + self.noise.seed)
+        return self._launch_noise.draw(latency, "launch")
 
     def launch(self, job: Job, now: float) -> None:
         """Queue ``job``'s events: one at its end when it decodes nothing; else its last

@@ -10,7 +10,8 @@ Format (in the profile JSON, next to ``models``)::
       }
     },
     "links": {"device_bytes_per_s": ..., "host_bytes_per_s": ..., "source": "...",
-              "move_latency_s": ...}       # optional, default 0
+              "move_latency_s": ...,       # optional, default 0
+              "job_latency_s": ...}        # optional, default 0
 
 ``speedup[d][i]`` = step time at degree 1 / step time at sequence-parallel degree ``d`` for
 one step of ``tokens[i]`` tokens. Lookup interpolates linearly in ``log(tokens)`` and clamps
@@ -18,7 +19,10 @@ at the ends; a degree the table lacks is an error naming it. ``device_bytes_per_
 device's peer link (one direction), ``host_bytes_per_s`` one device's host link,
 ``move_latency_s`` the fixed seconds every move command costs besides its bytes (control
 round trips, the workers' bookkeeping; measured at start-up by the node engine's calibration,
-0 for the FLOP-derived profiles, which have no measurement).
+0 for the FLOP-derived profiles, which have no measurement), ``job_latency_s`` the fixed
+seconds every job costs besides its stages (the launch command to the group's workers, the
+job's thread, the completion's way back to the loop; measured at start-up by
+``ditmem.parallel.job_latency``, 0 when the profile has no measurement).
 """
 
 from __future__ import annotations
@@ -64,13 +68,15 @@ class SpeedupTable:
 
 @dataclass(frozen=True, slots=True)
 class Links:
-    """Bytes per second of one device's peer link and of its host link (one direction), and
-    the fixed seconds of one move command (offload, restore or re-shard)."""
+    """Bytes per second of one device's peer link and of its host link (one direction), the
+    fixed seconds of one move command (offload, restore or re-shard) and of one job besides
+    its stages (launch, completion)."""
 
     device_bytes_per_s: float
     host_bytes_per_s: float
     source: str
     move_latency_s: float = 0.0
+    job_latency_s: float = 0.0
 
     def to_dict(self) -> dict:
         """The profile's ``links`` section for these links (``parse_links`` reads it back)."""
@@ -78,6 +84,7 @@ class Links:
             "device_bytes_per_s": self.device_bytes_per_s,
             "host_bytes_per_s": self.host_bytes_per_s,
             "move_latency_s": self.move_latency_s,
+            "job_latency_s": self.job_latency_s,
             "source": self.source,
         }
 
@@ -143,16 +150,17 @@ def parse_links(profile: dict) -> Links:
         if not isinstance(value, (int, float)) or not value > 0:
             raise NodeProfileError(f"{where}.{key}: a number > 0 (bytes per second)")
         values.append(float(value))
-    latency = section.get("move_latency_s", 0.0)
-    if (
-        isinstance(latency, bool)
-        or not isinstance(latency, (int, float))
-        or not 0 <= latency < math.inf
-    ):
-        raise NodeProfileError(
-            f"{where}.move_latency_s: a finite number >= 0 (seconds per move), got {latency!r}"
-        )
-    return Links(values[0], values[1], source, float(latency))
+    latency = _seconds(section, "move_latency_s", where, "seconds per move")
+    job = _seconds(section, "job_latency_s", where, "seconds per job")
+    return Links(values[0], values[1], source, latency, job)
+
+
+def _seconds(section: dict, key: str, where: str, what: str) -> float:
+    """``section[key]`` (default 0) checked a finite number >= 0 of seconds."""
+    value = section.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise NodeProfileError(f"{where}.{key}: a finite number >= 0 ({what}), got {value!r}")
+    return float(value)
 
 
 class ParallelProfile:

@@ -16,10 +16,12 @@ SPEEDUP = {"1": [1.0, 1.0], "2": [1.0, 2.0], "4": [1.0, 3.2]}
 
 
 def node_profile(
-    *, device_bytes=1e12, state_bytes=PAGE, peer=1e9, host=1e8, move_latency=None, **kw
+    *, device_bytes=1e12, state_bytes=PAGE, peer=1e9, host=1e8, move_latency=None,
+    job_latency=None, **kw
 ) -> dict:
     """512² steps in 1 s, 1024² in 4 s (batch 1); state ``state_bytes``; links in B/s;
-    ``move_latency`` seconds per move command (absent from the profile when None)."""
+    ``move_latency`` seconds per move command, ``job_latency`` per job (each absent from the
+    profile when None)."""
     prof = table_profile(state_bytes=state_bytes, device_bytes=device_bytes, link=host, **kw)
     prof["page_bytes"] = {"value": PAGE, "source": "test"}
     prof["parallel"] = {
@@ -28,6 +30,8 @@ def node_profile(
     prof["links"] = {"device_bytes_per_s": peer, "host_bytes_per_s": host, "source": "test"}
     if move_latency is not None:
         prof["links"]["move_latency_s"] = move_latency
+    if job_latency is not None:
+        prof["links"]["job_latency_s"] = job_latency
     return prof
 
 

@@ -23,6 +23,10 @@ class NodePolicy:
     #: fraction of a request's remaining time added when judging whether it misses without
     #: a spare (timing error)
     yield_margin = 0.0
+    #: steps each job this policy launches holds (None: a request's whole rest in one job):
+    #: how many times a remaining time pays the links' ``job_latency_s``
+    #: (``NodeCost.remaining``'s ``steps_per_job``)
+    steps_per_job: int | None = 1
 
     def __init__(self, ncost: NodeCost, node: Node):
         self.ncost = ncost
@@ -59,7 +63,7 @@ class NodePolicy:
         for req, done in candidates:
             if not spares:
                 break
-            need = ncost.remaining(req, done, 1)
+            need = ncost.remaining(req, done, 1, self.steps_per_job)
             if first_free + need * (1 + self.yield_margin) <= req.deadline:
                 continue  # it makes it without a spare
             for sp in spares:

@@ -1,7 +1,8 @@
 """The node baselines.
 
 * ``fifo`` — today's vllm-omni deployment: D/d static replicas at a fixed degree d
-  (``baseline_degree``), one global FIFO queue, run to completion (one request per replica).
+  (``baseline_degree``), one global FIFO queue, run to completion (one request per replica,
+  one job per request: its remaining time pays ``links.job_latency_s`` once).
 * ``srtf`` — the same static replicas; every step goes to the request (waiting or paused,
   anywhere on the node) with the least predicted work left at degree d; a paused request
   resumes on any free replica (migrated by a peer copy when it is another one).
@@ -28,6 +29,7 @@ class _Static(NodePolicy):
 
 class StaticFifo(_Static):
     name = "fifo"
+    steps_per_job = None  # a job per request
 
     def schedule(self, view: NodeView) -> NodePlan:
         placer = Placer(view, self.ncost)
@@ -45,10 +47,11 @@ class StaticSrtf(_Static):
         free = [g for g in self.replicas if placer.is_free(g)]
         if not free:
             return placer.plan()
-        d, rem = self.degree, self.ncost.remaining
-        keyed = [((rem(s.request, s.steps_done, d), s.request.arrival), s) for s in view.paused]
+        d, rem, per = self.degree, self.ncost.remaining, self.steps_per_job  # a job per step
+        keyed = [((rem(s.request, s.steps_done, d, per), s.request.arrival), s)
+                 for s in view.paused]
         keyed += [
-            ((rem(r, 0, d), r.arrival), r) for r in view.waiting.iter_by("size", len(free))
+            ((rem(r, 0, d, per), r.arrival), r) for r in view.waiting.iter_by("size", len(free))
         ]
         keyed.sort(key=lambda pair: pair[0])
         for _, item in keyed[: len(free)]:
@@ -62,6 +65,7 @@ class StaticSrtf(_Static):
 
 class ElasticNp(NodePolicy):
     name = "elastic-np"
+    steps_per_job = None  # a job per request
 
     def __init__(self, ncost: NodeCost, node: Node, *, window: int = 64):
         super().__init__(ncost, node)
@@ -77,7 +81,7 @@ class ElasticNp(NodePolicy):
                 (
                     d
                     for d in self.node.degrees
-                    if view.now + self.ncost.remaining(r, 0, d) <= r.deadline
+                    if view.now + self.ncost.remaining(r, 0, d, None) <= r.deadline
                 ),
                 None,
             )

@@ -154,12 +154,13 @@ class _Cand:
 
     __slots__ = (
         "item", "req", "steps_left", "started", "home", "tau", "corr", "dec", "enc",
-        "need", "work", "late", "cap", "promise",
+        "need", "work", "late", "cap", "promise", "lat",
     )
 
-    def __init__(self, item, req, steps_left, started, home, tau, corr, dec, enc):
+    def __init__(self, item, req, steps_left, started, home, tau, corr, dec, enc, lat=0.0):
         self.item, self.req, self.steps_left, self.started = item, req, steps_left, started
         self.home, self.tau, self.corr, self.dec, self.enc = home, tau, corr, dec, enc
+        self.lat = lat  # the fixed seconds of each job (a job per step: NodeCost docstring)
         self.need, self.work, self.late, self.cap = 0, INF, False, 0.0
         self.promise = INF
 
@@ -169,8 +170,8 @@ class _Cand:
         return self.tau[k] * self.corr[k]
 
     def rem(self, k: int) -> float:
-        """Seconds left alone at the k-th node degree."""
-        return self.steps_left * self.tau[k] * self.corr[k] + self.dec + (
+        """Seconds left alone at the k-th node degree (a job per step, each paying ``lat``)."""
+        return self.steps_left * (self.tau[k] * self.corr[k] + self.lat) + self.dec + (
             0.0 if self.started else self.enc
         )
 
@@ -326,7 +327,8 @@ class NodeSloPolicy(NodePolicy):
                 tuple(ncost.step_correction(req.model, tokens, d) for d in self.node.degrees),
                 ncost.decode_time(req), ncost.encode_time(req))
         corr, dec, enc = per
-        c = _Cand(item, req, req.steps - steps_done, steps_done > 0, home, base, corr, dec, enc)
+        c = _Cand(item, req, req.steps - steps_done, steps_done > 0, home, base, corr, dec, enc,
+                  ncost.job_latency_s)
         budget = req.deadline - now
         for k, d in enumerate(self.node.degrees):
             rem = c.rem(k)
@@ -436,7 +438,8 @@ class NodeSloPolicy(NodePolicy):
             tg = self.tier_goals
             wide = self.node.degrees[min(1, len(self.node.degrees) - 1)]
             for r in view.waiting.arrived_after(tg.latest):
-                tg.see(r, self.ncost.standalone(r, 1), wide * self.ncost.standalone(r, wide))
+                tg.see(r, self.ncost.standalone(r, 1, 1),
+                       wide * self.ncost.standalone(r, wide, 1))
             self._tier_due = tg.goals()
         cands = [self._cand(s, s.request, s.steps_done, s.group, now) for s in view.paused]
         cands += [
@@ -447,7 +450,7 @@ class NodeSloPolicy(NodePolicy):
             for c in cands:
                 if not c.started:
                     window = c.req.deadline - c.req.arrival
-                    slack = window - c.steps_left * c.step(best) - c.dec - c.enc
+                    slack = window - c.steps_left * (c.step(best) + c.lat) - c.dec - c.enc
                     if slack > 0:  # one that cannot make it alone is late: it finds no
                         self._tight = min(self._tight, slack)  # device in time anyway
             self._now = now
@@ -551,10 +554,11 @@ class NodeSloPolicy(NodePolicy):
 
     def _job_s(self, c: _Cand, degree: int) -> float:
         """Predicted seconds of ``c``'s next job alone at ``degree``: one step, and its
-        decode (on one device of the group, its decode lane) when that step is its last."""
+        decode (on one device of the group, its decode lane) when that step is its last,
+        and the job's fixed ``lat``."""
         if c.steps_left != 1:
-            return c.step(self.node.degrees.index(degree))
-        return c.step(self.node.degrees.index(degree)) + self._decode_s(c, degree)
+            return c.step(self.node.degrees.index(degree)) + c.lat
+        return c.step(self.node.degrees.index(degree)) + self._decode_s(c, degree) + c.lat
 
     def _decode_s(self, c: _Cand, degree: int) -> float:
         """Seconds of ``c``'s decode after a last step alone at ``degree``: on one device,
@@ -832,7 +836,7 @@ class NodeSloPolicy(NodePolicy):
                     continue
                 if self._join(placer, a, c):
                     if c.steps_left == 1:
-                        self._hold(c, a.group, new + c.dec)
+                        self._hold(c, a.group, new + c.dec + c.lat)
                     members.append(c)
                     a.batch.append(c.req.id)
                     if len(members) >= cost.cost.max_batch(c.req.model):
