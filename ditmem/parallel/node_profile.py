@@ -1,12 +1,14 @@
 """A profile's node sections measured on the node's own workers: ``parallel`` (the speed-up
 per degree, checked plausible — see :mod:`ditmem.parallel.speedup`) and ``links`` (the peer
-link's rate, the host link from the single-device part, the fixed seconds per move)."""
+link's rate, the host link from the single-device part, the fixed seconds per move and per
+job)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 
+from ditmem.parallel.job_latency import add_job_latency
 from ditmem.parallel.move_latency import add_move_latency
 from ditmem.parallel.speedup import PROMPT, CalibrationError, calibrate, speedup_table
 
@@ -49,6 +51,7 @@ def measure_node_sections(node, profile: dict, key: str, sides, log, *, tool: st
                         "host_bytes_per_s": host["value"] if isinstance(host, dict) else host,
                         "source": f"measured by {tool}, {when}"}
     add_move_latency(node, profile["links"], log)
+    add_job_latency(node, profile["links"], log)
     return rows
 
 

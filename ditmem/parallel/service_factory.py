@@ -59,10 +59,15 @@ def build_node_service(config, devices: int, *,
         if "parallel" not in profile or "links" not in profile:
             measure_node_sections(node, profile, key, parallel_sides, log,
                                   tool="ditmem serve --devices")
-        elif "move_latency_s" not in profile["links"]:
-            from ditmem.parallel.move_latency import add_move_latency
+        else:
+            if "move_latency_s" not in profile["links"]:
+                from ditmem.parallel.move_latency import add_move_latency
 
-            add_move_latency(node, profile["links"], log)
+                add_move_latency(node, profile["links"], log)
+            if "job_latency_s" not in profile["links"]:
+                from ditmem.parallel.job_latency import add_job_latency
+
+                add_job_latency(node, profile["links"], log)
         cost = CostModel.from_dict(profile)
         cost.max_batch(key)
         service = NodeService(node, gen, cost, policy=config.policy, model=key,

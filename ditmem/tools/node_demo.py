@@ -56,7 +56,13 @@ def _profile(args, node, log) -> dict:
             log(f"profile: {args.profile} (its parallel table and links; nothing measured"
                 + ("" if "move_latency_s" in profile["links"] else
                    "; its links have no move_latency_s: moves priced by their bytes only")
+                + ("" if "job_latency_s" in profile["links"] else
+                   "; its links have no job_latency_s: measuring it")
                 + ")")
+            if "job_latency_s" not in profile["links"]:
+                from ditmem.parallel.job_latency import add_job_latency
+
+                add_job_latency(node, profile["links"], log)
             return profile
     key = next(iter(profile["models"]))
     rows = measure_node_sections(node, profile, key, sides, log, tool="ditmem demo --devices",

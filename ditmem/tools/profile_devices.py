@@ -68,6 +68,9 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
         from ditmem.parallel.move_latency import measure_move_latency
 
         moves = measure_move_latency(node)
+        from ditmem.parallel.job_latency import measure_job_latency
+
+        jobs = measure_job_latency(node)
     rounds = sorted({r["rounds"] for r in rows})
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = f"{platform.node()} ({os.cpu_count()} cores)"
@@ -81,5 +84,8 @@ def measure_parallel(args, key: str, host_bytes_per_s: float, log=print
                        "host_link_bytes_per_s"}
     links["move_latency_s"] = moves["move_latency_s"]
     links["move_latency_measured"] = dict(moves, source=f"measured on the idle workers, {when}")
+    links["job_latency_s"] = jobs["job_latency_s"]
+    links["job_latency_measured"] = dict(jobs, source=f"measured on the idle workers, {when}")
+    log(f"  job latency {1e3 * jobs['job_latency_s']:.2f} ms per job besides its stages")
     log(f"  peer link {peer / 1e9:.2f} GB/s")
     return {key: speedup_table(rows, source, args.parallel_clock)}, links

@@ -24,7 +24,7 @@ def test_targets_use_the_bound_and_the_floor_where_they_are_the_honest_bar():
     assert [ok for _, ok, _ in missed] == [False, False, True]
 
 
-def test_a_saved_demo_profile_is_used_as_is():
+def test_a_saved_demo_profile_is_used_as_is(tmp_path):
     import json
     from argparse import Namespace
     from pathlib import Path
@@ -34,10 +34,46 @@ def test_a_saved_demo_profile_is_used_as_is():
     from ditmem.tools.node_demo import _profile
 
     path = Path(__file__).parents[2] / "benchmarks/parallel/results/demo_devices2_run2_profile.json"
-    args = Namespace(profile=str(path), workload="seed-mix", divisor=2)
+    saved = json.loads(path.read_text())
+    saved["links"]["job_latency_s"] = 0.0007  # a profile measured since job latencies exist
+    given = tmp_path / "profile.json"
+    given.write_text(json.dumps(saved))
+    args = Namespace(profile=str(given), workload="seed-mix", divisor=2)
     profile = _profile(args, None, lambda *_: None)  # no node needed: nothing is measured
-    assert profile == json.loads(path.read_text())
+    assert profile == saved
     assert NodeCost(CostModel.from_dict(profile)).speedup("qwen-image", 4096, 2) > 1.5
+
+
+def test_a_saved_demo_profile_without_job_latency_gets_it_measured(monkeypatch):
+    """The one thing measured for a saved profile: ``links.job_latency_s`` when it lacks it
+    (``ditmem.parallel.job_latency.add_job_latency`` on the node, here a stand-in)."""
+    import json
+    from argparse import Namespace
+    from pathlib import Path
+
+    from ditmem.parallel import job_latency
+    from ditmem.tools.node_demo import _profile
+
+    path = Path(__file__).parents[2] / "benchmarks/parallel/results/demo_devices2_run2_profile.json"
+    saved = json.loads(path.read_text())
+    assert "job_latency_s" not in saved["links"]
+    calls = []
+
+    def measured(node, links, log=None, repeats=9):
+        calls.append(node)
+        links["job_latency_s"] = 0.0009
+        log("job latency: 0.90 ms per job")
+        return {"job_latency_s": 0.0009}
+
+    monkeypatch.setattr(job_latency, "add_job_latency", measured)
+    lines: list[str] = []
+    profile = _profile(Namespace(profile=str(path), workload="seed-mix", divisor=2), "node",
+                       lines.append)
+    assert calls == ["node"]
+    assert profile["links"]["job_latency_s"] == 0.0009
+    saved["links"]["job_latency_s"] = 0.0009
+    assert profile == saved
+    assert "no job_latency_s: measuring it" in lines[0] and lines[1].startswith("job latency")
 
 
 def test_tracked_devices_put_each_stage_beside_the_profile():
