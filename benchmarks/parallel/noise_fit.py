@@ -2,7 +2,7 @@
 
     python benchmarks/parallel/noise_fit.py fit RUN.json [RUN.json ...] --out FIT.json
     python benchmarks/parallel/noise_fit.py check --fit FIT.json RUN.json:PROFILE.json ...
-        [--seeds 0-9] [--json OUT]
+        [--seeds 0-9] [--job-gap [median|mean]] [--json OUT]
     python benchmarks/parallel/noise_fit.py gaps RUN.json
 
 ``fit``: every single step, encode, decode and move a ``demo --devices --json`` run measured
@@ -17,6 +17,8 @@ attainment / P95 / P99 beside the node simulator's replay of the same trace at t
 measured speed (``ditmem.tools.run_speed.node_replay``) over ``--seeds`` noise seeds, with
 the simulator's 3 % lognormal and with the fitted pools — mean and range over the seeds.
 Where the fitted noise's range holds the run and the 3 % one does not, the gap was noise.
+``--job-gap [median|mean]``: the replays' truth also pays each run's median (or mean) gap
+per job (below) as its ``links.job_latency_s`` (``run_speed.job_gap``).
 
 ``gaps``: per policy and kind of job (its step stage and class, "+dec" for a last step with
 its decode), the loop's span of each job (launch to last event, ``job_started_s`` /
@@ -83,12 +85,16 @@ def print_stats(rows: list[dict]) -> None:
               f"{r['lag1']:>5.2f}")
 
 
-def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int]) -> list[dict]:
-    """Per policy of the run: its figures and the replays' (module docstring)."""
+def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int],
+              job_gap: str | None = None) -> list[dict]:
+    """Per policy of the run: its figures and the replays' (module docstring); ``job_gap``
+    ("median" or "mean"): the truth's ``links.job_latency_s`` is that statistic of the
+    policy's run's gaps per job (``run_speed.job_gap``; None: the profile's)."""
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.metrics import summarize
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.tools.node_demo import rebuild_trace
+    from ditmem.tools.run_speed import job_gap as run_gap
     from ditmem.tools.run_speed import node_replay, scale_profile
 
     with open(run_path) as f:
@@ -102,11 +108,15 @@ def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int
         run = NodeCost(CostModel(scale_profile(cost.profile, row["at_run_speed"]["factors"])))
         entry = {"run": run_path, "policy": row["policy"],
                  "real": {k: row[k] for k in ("slo_attainment", "p95_s", "p99_s")}}
+        latency = run_gap(row, job_gap) if job_gap else None
+        if latency is not None:
+            entry["job_latency_s"] = latency
         for label, res in (("lognormal", None), ("fitted", residuals)):
             sims = []
             for seed in seeds:
                 result, _ = node_replay(trace, cost.profile, run, row["policy"],
-                                        meta["devices"], seed, residuals=res)
+                                        meta["devices"], seed, residuals=res,
+                                        job_latency_s=latency)
                 s = summarize(result.records)
                 sims.append({k: s[k] for k in ("slo_attainment", "p95_s", "p99_s")})
             entry[label] = sims
@@ -116,18 +126,13 @@ def check_run(run_path: str, profile_path: str, residuals: dict, seeds: list[int
 
 
 def gaps(run: dict) -> list[dict]:
-    """Per kind of job of one policy's run row: the ``gaps`` figures of the module docstring."""
-    jobs: dict[tuple[float, float], list[list]] = {}
-    for row in run["job_timings"]["rows"]:
-        jobs.setdefault((row[5], row[6]), []).append(row)
+    """Per kind of job of one policy's run row: the ``gaps`` figures of the module docstring
+    (each job's span and stages: ``ditmem.tools.run_speed.job_spans``)."""
+    from ditmem.tools.run_speed import job_spans
+
     groups: dict[str, list[tuple[float, float]]] = {}
-    for (started, finished), stages in jobs.items():
-        steps = [x for x in stages if x[0].startswith("steps")]
-        kind = (f"{steps[0][0]} {steps[0][1]}" if steps
-                else "+".join(sorted({x[0] for x in stages})))
-        if steps and any(x[0] == "decodes" for x in stages):
-            kind += " +dec"
-        groups.setdefault(kind, []).append((finished - started, sum(x[3] for x in stages)))
+    for kind, span, stages in job_spans(run):
+        groups.setdefault(kind, []).append((span, stages))
     out = []
     for kind, pairs in sorted(groups.items()):
         gap = sorted(span - measured for span, measured in pairs)
@@ -178,6 +183,9 @@ def main(argv=None) -> int:
     c.add_argument("--fit", required=True, help="a file `fit --out` wrote")
     c.add_argument("--seeds", default="0-9", help="noise seeds (default 0-9)")
     c.add_argument("--json", help="write the rows here")
+    c.add_argument("--job-gap", nargs="?", const="median", choices=("median", "mean"),
+                   help="replay each run with its median (default) or mean gap per job "
+                        "(gaps) as the truth's links.job_latency_s (runs with job timestamps)")
     g = sub.add_parser("gaps", help="per kind of job: the loop's span beside the stages")
     g.add_argument("run", help="a demo --devices --json file with job timestamps (ddcd44d on)")
     args = ap.parse_args(argv)
@@ -205,7 +213,8 @@ def main(argv=None) -> int:
         run_path, sep, profile_path = spec.partition(":")
         if not sep:
             ap.error(f"expected RUN.json:PROFILE.json, got {spec!r}")
-        entries.extend(check_run(run_path, profile_path, residuals, parse_seeds(args.seeds)))
+        entries.extend(check_run(run_path, profile_path, residuals, parse_seeds(args.seeds),
+                                 args.job_gap))
     print_checks(entries)
     if args.json:
         with open(args.json, "w") as fh:

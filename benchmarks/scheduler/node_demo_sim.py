@@ -1,7 +1,7 @@
 """The two-device demo's trace in the node simulator: fifo, slo and slo variants over seeds.
 
     python benchmarks/scheduler/node_demo_sim.py [--seeds 0-9] [--profiles run6,run5]
-        [--variants "fifo;slo;slo:urgent=0.5"] [--json OUT]
+        [--variants "fifo;slo;slo:urgent=0.5"] [--job-latency S] [--json OUT]
 
 ``ditmem demo --devices 2`` replays seed-mix ÷ 2 at ρ 0.8 (150 requests, Poisson) on two
 device workers, with the profile measured at its start; its targets (``ditmem.tools.
@@ -18,6 +18,8 @@ table: per profile and seed, attainment / P95 / P99 per variant and whether the 
 targets hold (``y``/``-``: attainment, P95, P99); then per variant the count of
 (profile, seed) traces meeting each target, mean attainment and mean P95 / fifo's.
 Profile run4 (speed-ups below 1: a loaded machine) is left out by default.
+``--job-latency S`` sets every profile's ``links.job_latency_s`` (each job's fixed cost
+besides its stages, paid by the simulated devices and priced by the policies) to S s.
 
 ``--tier VARIANT`` prints instead what sets that variant's P95: the records of the large
 tier (1024², the demo's largest) pooled per profile — its share, how many of the requests at
@@ -98,14 +100,23 @@ def simulate(spec: str, trace, cost: CostModel, devices: int, seed: int,
     return summarize(result.records)
 
 
+def load_cost(prof: str, job_latency: float | None = None) -> CostModel:
+    """The saved demo profile ``prof`` (``demo_devices2_<prof>_profile.json``); with
+    ``job_latency`` (seconds), its ``links.job_latency_s`` set to it (the file untouched)."""
+    with open(RESULTS / f"demo_devices2_{prof}_profile.json") as f:
+        profile = json.load(f)
+    if job_latency is not None:
+        profile["links"]["job_latency_s"] = job_latency
+    return CostModel.from_dict(profile)
+
+
 def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: int = 2,
-        load: float = 0.8, requests: int = 150) -> list[dict]:
-    """One row per (profile, seed): the limits and each variant's numbers and targets."""
+        load: float = 0.8, requests: int = 150, job_latency: float | None = None) -> list[dict]:
+    """One row per (profile, seed): the limits and each variant's numbers and targets
+    (``job_latency``: ``load_cost``'s)."""
     rows = []
     for prof in profiles:
-        path = RESULTS / f"demo_devices2_{prof}_profile.json"
-        with open(path) as f:
-            cost = CostModel.from_dict(json.load(f))
+        cost = load_cost(prof, job_latency)
         for seed in seeds:
             args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
                                          seed=seed, arrival="poisson", divisor=2)
@@ -295,6 +306,9 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--job-latency", type=float, metavar="S",
+                    help="set each profile's links.job_latency_s to S seconds (a job's fixed "
+                         "cost besides its stages; default: the profile's, 0 when absent)")
     ap.add_argument("--tier", metavar="VARIANT",
                     help="instead: what sets this variant's P95 (the 1024² tier; see above)")
     ap.add_argument("--why", metavar="VARIANTS",
@@ -325,7 +339,7 @@ def main() -> int:
     if "fifo" not in variants:
         variants.insert(0, "fifo")
     rows = run(args.profiles.split(","), parse_seeds(args.seeds), variants, load=args.load,
-               requests=args.requests)
+               requests=args.requests, job_latency=args.job_latency)
     print_table(rows, variants)
     if args.json:
         with open(args.json, "w") as f:

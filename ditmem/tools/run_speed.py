@@ -13,6 +13,10 @@ deadlines on a machine of another speed. This module rebuilds them on the trace 
 * :func:`scale_profile` — a copy of a parsed profile (``CostModel.profile``) whose times
   are those factors × the profile's (step table or FLOPs model, encode, decode rate and
   tile, host link; on a node also the parallel speed-up per degree and the links);
+* :func:`job_spans` / :func:`job_gap` — per job of a node run (``job_timings`` with the
+  jobs' timestamps), the loop's span beside the stages the workers measured, and the median
+  gap: the fixed cost per job no stage holds, which :func:`node_replay` can give the truth
+  (``links.job_latency_s``);
 * :func:`one_device_references` / :func:`node_references` — the bound, the clairvoyant
   reference and the simulator's prediction on the same trace (same arrivals and
   deadlines, set by the start-up profile) with the device's true times from the scaled
@@ -27,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import statistics
 
 from ditmem.tools.profile_check import work_ratio
 
@@ -91,6 +96,48 @@ def scale_profile(profile: dict, factors: dict[str, float]) -> dict:
         if "move_latency_s" in links:
             links["move_latency_s"] = links["move_latency_s"] * move_f
     return out
+
+
+def job_spans(run: dict) -> list[tuple[str, float, float]]:
+    """Per job of one policy's node run row (its ``job_timings``, rows with the job's launch
+    and last event, ``job_started_s`` / ``job_finished_s``): (kind, the loop's span, the
+    sum of its stages as the workers measured them), seconds. ``kind``: its step stage and
+    class (``"steps d1 256x256"``), ``" +dec"`` added for a last step with its decode; a
+    job without steps: its stages joined by "+". ValueError when the rows have no
+    timestamps."""
+    rows = run["job_timings"]["rows"]
+    if any(len(r) < 7 for r in rows):
+        raise ValueError(f"policy {run.get('policy')!r}: its job_timings have no job "
+                         "timestamps (a run before ddcd44d)")
+    jobs: dict[tuple[float, float], list[list]] = {}
+    for row in rows:
+        jobs.setdefault((row[5], row[6]), []).append(row)
+    out = []
+    for (started, finished), stages in jobs.items():
+        steps = [x for x in stages if x[0].startswith("steps")]
+        kind = (f"{steps[0][0]} {steps[0][1]}" if steps
+                else "+".join(sorted({x[0] for x in stages})))
+        if steps and any(x[0] == "decodes" for x in stages):
+            kind += " +dec"
+        out.append((kind, finished - started, sum(x[3] for x in stages)))
+    return out
+
+
+#: the statistics :func:`job_gap` takes over a run's jobs
+GAP_STATISTICS = ("median", "mean")
+
+
+def job_gap(run: dict, statistic: str = "median") -> float:
+    """The median (or mean: ``statistic``) over one policy's node run row's jobs
+    (:func:`job_spans`) of the loop's span − the stages: what each job cost besides its
+    stages in the run, seconds (0 for a run without jobs). The gaps' tail is long (session
+    13's slo run: median 0.67 ms, mean 1.26 ms): the mean is what the run paid in all."""
+    if statistic not in GAP_STATISTICS:
+        raise ValueError(f"statistic: one of {', '.join(GAP_STATISTICS)}, got {statistic!r}")
+    gaps = [span - stages for _, span, stages in job_spans(run)]
+    if not gaps:
+        return 0.0
+    return statistics.median(gaps) if statistic == "median" else statistics.fmean(gaps)
 
 
 def as_run(trace, run_cost) -> list:
@@ -163,13 +210,15 @@ def node_references(trace, profile: dict, factors: dict[str, float], policy: str
 
 
 def node_replay(trace, profile: dict, run, policy: str, devices: int, seed: int,
-                wrap=None, residuals=None):
+                wrap=None, residuals=None, job_latency_s: float | None = None):
     """The node simulator's replay of ``trace`` with the truth drawn (3 % noise, ``seed``)
     around ``run`` (a ``NodeCost`` of the run's speed) while ``policy`` plans with the
     parsed start-up ``profile``; ``wrap``: applied to the policy object first (e.g. a
     ``DecisionLog``); ``residuals``: measured log ratios by kind and class
-    (``TimingNoise.residuals``) drawn instead of the 3 % where they have a pool. (The
-    ``NodeResult``, the policy object it ran.)"""
+    (``TimingNoise.residuals``) drawn instead of the 3 % where they have a pool;
+    ``job_latency_s``: the truth's fixed seconds per job (``links.job_latency_s``, e.g. the
+    run's :func:`job_gap`; None: ``run``'s own). (The ``NodeResult``, the policy object it
+    ran.)"""
     from ditmem.scheduler import CostModel
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.policies import make_node_policy
@@ -177,6 +226,12 @@ def node_replay(trace, profile: dict, run, policy: str, devices: int, seed: int,
     from ditmem.scheduler.node.topology import Node
     from ditmem.scheduler.noise import TimingNoise
 
+    if job_latency_s is not None:
+        if not (math.isfinite(job_latency_s) and job_latency_s >= 0):
+            raise ValueError(f"job_latency_s: a finite number >= 0, got {job_latency_s!r}")
+        truth = copy.deepcopy(run.cost.profile)
+        truth["links"]["job_latency_s"] = float(job_latency_s)
+        run = NodeCost(CostModel(truth))
     start = NodeCost(CostModel(profile))
     policy_obj = make_node_policy(policy, start, Node(devices, start.links))
     if wrap is not None:

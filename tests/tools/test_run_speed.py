@@ -204,3 +204,41 @@ def test_describe_prints_both_references_labelled():
     assert lines[2] == ("  slo    clairvoyant      start-up profile  98.7 %   at run speed  "
                         "96.0 %   (run:  88.0 %)")
     assert "15.50 s" in lines[4] and "20.10 s" in lines[4] and "20.25 s" in lines[4]
+
+
+def test_job_gap_is_the_median_span_beyond_the_stages():
+    """Three jobs: spans 10 ms, 12 ms and 1.0 s beside stages 8 ms, 9 ms and 0.2 + 0.79 s
+    (a last step with its decode): gaps 2, 3 and 10 ms."""
+    from ditmem.tools.run_speed import job_gap, job_spans
+
+    rows = [["steps d1", "256x256", 1, 0.008, 0.007, 0.0, 0.010],
+            ["steps d1", "256x256", 1, 0.009, 0.007, 0.02, 0.032],
+            ["steps d1", "256x256", 1, 0.2, 0.2, 1.0, 2.0],
+            ["decodes", "256x256", 1, 0.79, 0.8, 1.0, 2.0]]
+    run = {"policy": "slo", "job_timings": {"rows": rows}}
+    spans = job_spans(run)
+    assert [k for k, _, _ in spans] == ["steps d1 256x256"] * 2 + ["steps d1 256x256 +dec"]
+    assert [s for _, s, _ in spans] == pytest.approx([0.010, 0.012, 1.0])
+    assert job_gap(run) == pytest.approx(0.003)
+    assert job_gap(run, "mean") == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="statistic"):
+        job_gap(run, "p95")
+    with pytest.raises(ValueError, match="timestamps"):
+        job_gap({"policy": "slo", "job_timings": {"rows": [r[:5] for r in rows]}})
+
+
+def test_node_replay_pays_the_given_job_latency():
+    """fifo on two replicas, six 1-s requests due at 2.2 s, one job each: pairs end at 1, 2,
+    3 s (4 meet); with 0.5 s per job at 1.5, 3.0, 4.5 s (2 meet)."""
+    from ditmem.scheduler.metrics import summarize
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.tools.run_speed import node_replay
+
+    t, profile = trace(6, 2.2), parsed(node=True)
+    run = NodeCost(CostModel(profile))
+    att = [summarize(node_replay(t, profile, run, "fifo", 2, 0, job_latency_s=lat)[0].records
+                     )["slo_attainment"] for lat in (None, 0.5)]
+    assert att == pytest.approx([4 / 6, 2 / 6])
+    assert run.links.job_latency_s == 0.0  # the caller's truth is left as it was
+    with pytest.raises(ValueError, match="job_latency_s"):
+        node_replay(t, profile, run, "fifo", 2, 0, job_latency_s=-1.0)
