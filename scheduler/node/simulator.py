@@ -468,13 +468,15 @@ def _predict(
     when each of its devices is done with it (its decodes after that step, on their
     ``decode_devices``: a lane each, or split over the spare devices); when each decode
     ends (``job.decodes`` order); until when
-    its moves read from devices outside its group. Each move's ``kind`` and
+    its moves read from devices outside its group (the job's stages begin
+    ``links.job_latency_s`` after its devices are free, as ``VirtualDevices`` pays it).
+    Each move's ``kind`` and
     ``predicted_s`` are set. ``busy`` (per device, when its current work ends as
     predicted) gives the waits: the job's group still sending another job's move, a
     move's source still running a job."""
     from .device import spread
 
-    clock = busy_until(job.group.mask, busy, now)
+    clock = busy_until(job.group.mask, busy, now) + ncost.links.job_latency_s
     sends: dict[int, float] = {}
     for mv in job.moves:
         if mv.dst is None:
