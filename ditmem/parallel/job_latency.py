@@ -14,9 +14,9 @@ the workers report) over repeats.
 from __future__ import annotations
 
 import statistics
-import time
 
 from ditmem.models.common.request import GenerationRequest
+from ditmem.parallel.move_latency import record_measured
 
 #: the probe request's side (pixels) and id
 PROBE_SIDE = 32
@@ -83,11 +83,8 @@ def add_job_latency(node, links: dict, log=None, repeats: int = 9) -> dict:
     """Measure (:func:`measure_job_latency`) and write ``links["job_latency_s"]`` (and the
     measurement beside it, ``links["job_latency_measured"]``); returns the measurement."""
     m = measure_job_latency(node, repeats)
-    links["job_latency_s"] = m["job_latency_s"]
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    links["job_latency_measured"] = dict(m, source=f"measured on the node's idle workers, "
-                                                   f"{when}: median over {m['jobs']} one-step "
-                                                   "jobs of a tiny request")
+    record_measured(links, "job_latency_s", m,
+                    f"median over {m['jobs']} one-step jobs of a tiny request")
     if log is not None:
         log(f"job latency: {1e3 * m['job_latency_s']:.2f} ms per job besides its stages "
             f"(median; span {1e3 * m['span_s']:.2f} ms, stages {1e3 * m['stages_s']:.2f} ms)")

@@ -59,17 +59,23 @@ def measure_move_latency(node, repeats: int = 9, devices: tuple[int, int] = (0, 
     }
 
 
+def record_measured(links: dict, key: str, m: dict, what: str) -> None:
+    """Write ``links[key] = m[key]`` and the measurement beside it (``links[key without its
+    "_s" + "_measured"]``: ``m`` with its source: when, on the idle workers, ``what``)."""
+    import time
+
+    links[key] = m[key]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    source = f"measured on the node's idle workers, {when}: {what}"
+    links[f"{key.removesuffix('_s')}_measured"] = dict(m, source=source)
+
+
 def add_move_latency(node, links: dict, log=None, repeats: int = 9) -> dict:
     """Measure (:func:`measure_move_latency`) and write ``links["move_latency_s"]`` (and the
     measurement beside it, ``links["move_latency_measured"]``); returns the measurement."""
-    import time
-
     m = measure_move_latency(node, repeats)
-    links["move_latency_s"] = m["move_latency_s"]
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    links["move_latency_measured"] = dict(m, source=f"measured on the node's idle workers, "
-                                                    f"{when}: median over {m['commands']} "
-                                                    "move commands of a tiny request")
+    record_measured(links, "move_latency_s", m,
+                    f"median over {m['commands']} move commands of a tiny request")
     if log is not None:
         kinds = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in m["by_kind_s"].items())
         log(f"move latency: {1e3 * m['move_latency_s']:.2f} ms per move command (median; "
