@@ -2,5 +2,5 @@
 steps, tiled decode, the generator protocol, requests, dtypes, tokenizers).
 
 Modules: ``chunked``, ``dtypes``, ``generator``, ``open_step``, ``packing``,
-``cpu_conv``, ``processor_patch``, ``request``, ``tiled_decode``, ``tokenizer``, ``vae_output``.
+``cpu_vae``, ``processor_patch``, ``request``, ``tiled_decode``, ``tokenizer``, ``vae_output``.
 """

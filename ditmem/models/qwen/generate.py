@@ -17,10 +17,10 @@ step can be offloaded and resumed with other companions, bit-identically.
 Equivalence with the stock pipeline: the transformer runs through
 ``ditmem.ops.paged_attention`` instead of SDPA, so latents match to a relative error of
 about 1e-6 (tests assert <= 1e-4) and decoded uint8 images to within 1 level, not bit for
-bit. The VAE's 3-D convolutions run through oneDNN on the CPU
-(:mod:`ditmem.models.common.cpu_conv`: 2-3 x faster decodes of small VAEs), so the generator's
-``pipe`` decodes within 1e-6 relative of an unpatched one. Against itself the path is
-deterministic and batch-invariant (see
+bit. The VAE's 3-D convolutions and RMS norms take faster CPU paths
+(:mod:`ditmem.models.common.cpu_vae`: ~4 x faster decodes of small VAEs), so the generator's
+``pipe`` decodes within 1e-4 relative of an unpatched one (uint8 within one level).
+Against itself the path is deterministic and batch-invariant (see
 ``ditmem.models.common.packing.MIN_ROWS``): a request's latents are bit-identical whichever
 requests share its steps and whether or not it was offloaded and restored in between.
 """
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ditmem.memory import RequestState, pages_for
-from ditmem.models.common.cpu_conv import use_onednn_conv3d
+from ditmem.models.common.cpu_vae import speed_up_vae
 from ditmem.models.common.generator import (
     check_finished,
     check_step_states,
@@ -60,7 +60,7 @@ class QwenGenerator:
         self.pipe = pipe
         self.name = name
         self.adapter = patch(pipe.transformer, block_size=block_size)
-        self.vae_convs = use_onednn_conv3d(pipe.vae)  # CPU: oneDNN for every conv3d
+        self.vae_patch = speed_up_vae(pipe.vae)  # CPU fast paths (cpu_vae)
         self.device = pipe.transformer.device
         self.dtype = pipe.transformer.dtype
         self.max_sequence_length = max_sequence_length

@@ -1,4 +1,5 @@
-"""VAE conv3d through oneDNN on the CPU vs torch's own conv3d dispatch (the reference)."""
+"""The VAE's CPU fast paths vs torch's own conv3d dispatch and the stock RMS norm, and a
+patched VAE's decode vs an unpatched one (the references)."""
 
 import copy
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ditmem.models as dm
-from ditmem.models.common.cpu_conv import conv3d, onednn_ready, use_onednn_conv3d
+from ditmem.models.common.cpu_vae import conv3d, is_rms_norm, onednn_ready, rms_norm, speed_up_vae
 
 pytestmark = pytest.mark.skipif(not onednn_ready(), reason="this torch build has no oneDNN")
 
@@ -52,20 +53,49 @@ def test_what_onednn_cannot_take_keeps_torchs_conv():
         assert torch.equal(conv3d(d, x2.double(), d.weight, d.bias), d(x2.double()))
 
 
-def test_patch_routes_every_conv3d_and_undo_restores_them():
-    vae = dm.load("tiny-qwen-image").pipe.vae  # the generator already routed its VAE
-    n = sum(isinstance(m, nn.Conv3d) for m in vae.modules())
-    assert n > 0
-    assert all("_conv_forward" in m.__dict__ for m in vae.modules() if isinstance(m, nn.Conv3d))
-    again = use_onednn_conv3d(vae)
-    assert again.modules == []  # already routed: nothing added twice
-    fresh = copy.deepcopy(vae)
-    for m in fresh.modules():
+def _unpatched(vae):
+    stock = copy.deepcopy(vae)
+    for m in stock.modules():
         m.__dict__.pop("_conv_forward", None)
-    handle = use_onednn_conv3d(fresh)
-    assert len(handle.modules) == n
-    handle.undo()
-    assert not any("_conv_forward" in m.__dict__ for m in fresh.modules())
+        m.__dict__.pop("forward", None)
+    return stock
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen-image", "tiny-wan"])
+def test_patch_routes_every_conv3d_and_norm_and_undo_restores_them(model):
+    vae = dm.load(model).pipe.vae  # the generator already patched its VAE
+    convs = [m for m in vae.modules() if isinstance(m, nn.Conv3d)]
+    norms = [m for m in vae.modules() if is_rms_norm(m)]
+    assert convs and norms
+    assert all("_conv_forward" in m.__dict__ for m in convs)
+    assert all("forward" in m.__dict__ for m in norms)
+    again = speed_up_vae(vae)
+    assert again.convs == [] and again.norms == []  # already patched: nothing twice
+    fresh = _unpatched(vae)
+    patch = speed_up_vae(fresh)
+    assert (len(patch.convs), len(patch.norms)) == (len(convs), len(norms))
+    patch.undo()
+    assert not any({"_conv_forward", "forward"} & m.__dict__.keys() for m in fresh.modules())
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen-image", "tiny-wan"])
+def test_rms_norm_equals_the_stock_norm(model):
+    stock = _unpatched(dm.load(model).pipe.vae)
+    torch.manual_seed(0)
+    for m in (m for m in stock.modules() if is_rms_norm(m)):
+        with torch.no_grad():
+            m.gamma.uniform_(0.5, 1.5)
+            if isinstance(m.bias, torch.Tensor):
+                m.bias.uniform_(-0.1, 0.1)
+        c = m.gamma.shape[0]
+        shape = (2, c, 3, 5, 7) if m.gamma.dim() == 4 else (2, c, 5, 7)
+        x = torch.randn(shape) * 3
+        x[0, :, 0] = 0.0  # a zero vector: the 1e-12 floor, no NaN
+        with torch.no_grad():
+            ref, out = m(x), rms_norm(m, x)
+            assert torch.equal(rms_norm(m, x.double()), m(x.double()))  # not routed
+        assert out.shape == ref.shape and torch.isfinite(out).all()
+        assert _rel(out, ref) < 1e-6
 
 
 @pytest.mark.parametrize("model, latent", [
@@ -74,9 +104,7 @@ def test_patch_routes_every_conv3d_and_undo_restores_them():
 ])
 def test_vae_decode_equals_the_unpatched_vae(model, latent):
     routed = dm.load(model).pipe.vae
-    stock = copy.deepcopy(routed)
-    for m in stock.modules():
-        m.__dict__.pop("_conv_forward", None)
+    stock = _unpatched(routed)
     torch.manual_seed(0)
     z = torch.randn(latent)
     with torch.inference_mode():
@@ -89,13 +117,12 @@ def test_vae_decode_equals_the_unpatched_vae(model, latent):
 
 
 def test_the_routed_decode_runs_no_slow_conv3d():
-    """The mechanism of the speed-up: torch's slow_conv3d kernel is gone from the decode."""
+    """The mechanism of the speed-up: torch's slow_conv3d and its channel vector norm are
+    gone from the decode."""
     from torch.profiler import ProfilerActivity, profile
 
     routed = dm.load("tiny-qwen-image").pipe.vae
-    stock = copy.deepcopy(routed)
-    for m in stock.modules():
-        m.__dict__.pop("_conv_forward", None)
+    stock = _unpatched(routed)
     z = torch.randn(1, 4, 1, 16, 16)
 
     def kernels(vae):
@@ -103,8 +130,9 @@ def test_the_routed_decode_runs_no_slow_conv3d():
             vae.decode(z)
         return {e.key for e in prof.key_averages()}
 
-    assert "aten::slow_conv3d_forward" in kernels(stock)
+    slow = {"aten::slow_conv3d_forward", "aten::linalg_vector_norm"}
+    assert slow <= kernels(stock)
     routed_kernels = kernels(routed)
-    assert "aten::slow_conv3d_forward" not in routed_kernels
+    assert not slow & routed_kernels
     assert "aten::mkldnn_convolution" in routed_kernels
 
