@@ -72,11 +72,18 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     its decode is one tile). The engine process's own measurement of these (another
     process, unpinned, without the control path) is replaced; what it alone knows (state
     bytes, weights) stays. Every number is a ``stable_median`` (first call discarded, two
-    agreeing passes). ``tokens_for(side)``: the scheduler's tokens of a side² image. Returns
+    agreeing passes); a side's batch sizes are measured together, interleaved
+    (``stable_medians``: their ratios hold through a slow spell). ``tokens_for(side)``: the scheduler's tokens of a side² image. Returns
     ``{"before", "after"}`` (the replaced numbers: ``steps`` {(tokens, batch): s},
     ``encode_s``, ``decode_tile_s``) and ``checks`` (each measurement's passes)."""
     from ditmem.models.common.request import GenerationRequest
-    from ditmem.tools.profile import ENCODE_ORDERS, checked_median, stability_note, timed
+    from ditmem.tools.profile import (
+        ENCODE_ORDERS,
+        checked_median,
+        checked_medians,
+        stability_note,
+        timed,
+    )
 
     if encode_order not in ENCODE_ORDERS:
         raise ValueError(f"encode_order: one of {ENCODE_ORDERS}, got {encode_order!r}")
@@ -123,13 +130,16 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
         node.release(rid)
         return dt
 
-    def median_over_devices(fn) -> float:
+    def over_devices(fn) -> list:
         if not at_once:
-            return statistics.median(fn(d) for d in devices)
+            return [fn(d) for d in devices]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(len(devices)) as pool:
-            return statistics.median(pool.map(fn, devices))
+            return list(pool.map(fn, devices))
+
+    def median_over_devices(fn) -> float:
+        return statistics.median(over_devices(fn))
 
     before = {"steps": {(p["tokens"], p["batch"]): p["seconds"] for p in points},
               "encode_s": section["encode_s"]["value"],
@@ -139,18 +149,22 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
         tokens = tokens_for(side)
         encodes.append(median_over_devices(lambda d, side=side: stable(
             lambda: encode_once(side, d), max(2, repeats), f"encode {side}x{side} on {d}")))
-        for b in batches:
-            def step_on(d, side=side, b=b):
-                rids = [encode(side, d, 1000) for _ in range(b)]
-                try:
-                    return stable(lambda: timed(lambda: node.step([((d,), rids)])), repeats,
-                                  f"step {side}x{side} batch {b} on {d}")
-                finally:
-                    for rid in rids:
-                        node.release(rid)
+        def steps_on(d, side=side):
+            # every batch size in each sample, in turn: a slow spell slows them alike
+            rids = [encode(side, d, 1000) for _ in range(max(batches))]
+            try:
+                return checked_medians(
+                    checks, lambda: tuple(timed(lambda b=b: node.step([((d,), rids[:b])]))
+                                          for b in batches),
+                    repeats, [f"step {side}x{side} batch {b} on {d}" for b in batches], log)
+            finally:
+                for rid in rids:
+                    node.release(rid)
 
+        per_device = over_devices(steps_on)
+        for k, b in enumerate(batches):
             new_points.append({"tokens": tokens, "batch": b,
-                               "seconds": median_over_devices(step_on)})
+                               "seconds": statistics.median(r[k] for r in per_device)})
     src_when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     how = (f"measured on the node's workers through the engine's commands "
            f"({node.num_devices} devices{', all at once' if at_once else ''}, median over "

@@ -94,39 +94,78 @@ def stable_median(sample, repeats: int, *, warmup: int = 1, agreement: float = A
     smaller), at most ``max_passes`` passes; the result is the median of those two passes'
     samples. One line is logged (naming ``what``) when it took more than two passes, and
     without agreement the result is the median of every pass's samples, logged as
-    unstable."""
+    unstable. :func:`stable_medians` with one operation."""
+    return stable_medians(lambda: (sample(),), repeats, warmup=warmup, agreement=agreement,
+                          max_passes=max_passes, whats=(what,), log=log)[0]
+
+
+def stable_medians(sample, repeats: int, *, warmup: int = 1, agreement: float = AGREEMENT,
+                   max_passes: int = MAX_PASSES, whats=(),
+                   log=logging.getLogger("ditmem.profile").info) -> list[Stable]:
+    """:func:`stable_median` of several operations measured interleaved: ``sample()`` runs
+    each once, in turn, and returns their seconds (a sequence, one per operation; ``whats``
+    names them). The passes are shared and end when every operation's last two agree, so a
+    slow spell (another process's work on the shared memory bus, a frequency change) slows
+    all of them alike and their ratios hold — a batch's packing gain is the ratio of two
+    such measurements (a 1024² pair measured after its batch 1 in a slow spell read 15 %
+    faster than two alone, docs/results/profile.md). One :class:`Stable` per operation."""
     if repeats < 1:
         raise ValueError(f"repeats: must be >= 1, got {repeats}")
     if max_passes < 2:
         raise ValueError(f"max_passes: must be >= 2, got {max_passes}")
     for _ in range(warmup):
         sample()
-    passes: list[list[float]] = []
+    passes: list[list[tuple[float, ...]]] = []
     while len(passes) < max_passes:
-        passes.append([float(sample()) for _ in range(repeats)])
+        passes.append([tuple(float(x) for x in sample()) for _ in range(repeats)])
         if len(passes) < 2:
             continue
-        a, b = statistics.median(passes[-2]), statistics.median(passes[-1])
-        if abs(a - b) <= agreement * min(a, b) * (1 + 1e-9):
-            medians = [statistics.median(q) for q in passes]
-            if len(passes) > 2:
-                log(f"profile: {what or 'a measurement'}: passes disagreed by > "
-                    f"{100 * agreement:.0f} %, measured again until two agreed (pass "
-                    f"medians {', '.join(f'{1e3 * m:.1f}' for m in medians)} ms)")
-            return Stable(statistics.median(passes[-2] + passes[-1]), medians, True)
-    medians = [statistics.median(q) for q in passes]
-    log(f"profile: {what or 'a measurement'} stayed unstable over {len(passes)} passes "
-        f"(medians {', '.join(f'{1e3 * m:.1f}' for m in medians)} ms, none two within "
-        f"{100 * agreement:.0f} %): keeping the median of all")
-    return Stable(statistics.median([x for q in passes for x in q]), medians, False)
+        medians = _pass_medians(passes)
+        if all(abs(m[-2] - m[-1]) <= agreement * min(m[-2], m[-1]) * (1 + 1e-9)
+               for m in medians):
+            out = []
+            for k, m in enumerate(medians):
+                if len(passes) > 2:
+                    log(f"profile: {_name(whats, k)}: passes disagreed by > "
+                        f"{100 * agreement:.0f} %, measured again until two agreed (pass "
+                        f"medians {', '.join(f'{1e3 * x:.1f}' for x in m)} ms)")
+                kept = [row[k] for row in passes[-2] + passes[-1]]
+                out.append(Stable(statistics.median(kept), m, True))
+            return out
+    out = []
+    for k, m in enumerate(_pass_medians(passes)):
+        log(f"profile: {_name(whats, k)} stayed unstable over {len(passes)} passes "
+            f"(medians {', '.join(f'{1e3 * x:.1f}' for x in m)} ms, none two within "
+            f"{100 * agreement:.0f} %): keeping the median of all")
+        out.append(Stable(statistics.median([row[k] for q in passes for row in q]), m, False))
+    return out
+
+
+def _pass_medians(passes) -> list[list[float]]:
+    """Per operation, the median of each pass."""
+    return [[statistics.median(row[k] for row in q) for q in passes]
+            for k in range(len(passes[0][0]))]
+
+
+def _name(whats, k: int) -> str:
+    return whats[k] if k < len(whats) and whats[k] else "a measurement"
 
 
 def checked_median(checks: list[dict], sample, repeats: int, what: str, log) -> float:
     """:func:`stable_median` of ``sample`` (its lines to ``log``), its passes appended to
     ``checks`` as the dict :func:`stability_note` reads; returns its seconds."""
-    r = stable_median(sample, repeats, what=what, log=log)
-    checks.append({"what": what, "seconds": r.seconds, "passes": r.passes, "agreed": r.agreed})
-    return r.seconds
+    return checked_medians(checks, lambda: (sample(),), repeats, (what,), log)[0]
+
+
+def checked_medians(checks: list[dict], sample, repeats: int, whats, log) -> list[float]:
+    """:func:`stable_medians` of ``sample`` (its lines to ``log``), each operation's passes
+    appended to ``checks`` as the dict :func:`stability_note` reads; returns their
+    seconds."""
+    out = stable_medians(sample, repeats, whats=whats, log=log)
+    for what, r in zip(whats, out, strict=True):
+        checks.append({"what": what, "seconds": r.seconds, "passes": r.passes,
+                       "agreed": r.agreed})
+    return [r.seconds for r in out]
 
 
 def timed(fn, device=None) -> float:
@@ -169,9 +208,11 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
     ``decode_up_to``: time decodes only of sides up to this (larger ones decode as tiles).
     Every number is a :func:`stable_median` (first call discarded, two passes of
     ``repeats`` samples that agree within ``AGREEMENT``, measured again where they do not);
-    ``checks`` lists each one's passes. ``encode_order="after-step"``: each encode sample
-    right after an untimed step of another request (of the middle side), as a run meets
-    it; "back-to-back" (default): after the previous sample."""
+    a side's batch sizes are measured together, interleaved (:func:`stable_medians`), so
+    their ratios hold through a slow spell; ``checks`` lists each one's passes.
+    ``encode_order="after-step"``: each encode sample right after an untimed step of another
+    request (of the middle side), as a run meets it; "back-to-back" (default): after the
+    previous sample."""
     if encode_order not in ENCODE_ORDERS:
         raise ValueError(f"encode_order: one of {ENCODE_ORDERS}, got {encode_order!r}")
     from ditmem.models.common.request import GenerationRequest
@@ -220,10 +261,12 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
         encodes.append(stable(lambda side=side: encode_once(side), max(2, repeats),
                               f"encode {side}x{side}"))
         states = [gen.encode(r, pool) for r in reqs]
-        for b in batches:
-            batch = states[:b]
-            secs = stable(lambda batch=batch: timed(lambda: gen.step(batch), device), repeats,
-                          f"step {side}x{side} batch {b}")
+        # every batch size in each sample, in turn: a slow spell slows them alike
+        every = checked_medians(
+            checks, lambda states=states: tuple(timed(lambda b=b: gen.step(states[:b]), device)
+                                                for b in batches),
+            repeats, [f"step {side}x{side} batch {b}" for b in batches], _warn)
+        for b, secs in zip(batches, every, strict=True):
             steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
                           "seconds": secs})
             log(f"  step {side}x{side} batch {b}: {1000 * secs:.1f} ms")

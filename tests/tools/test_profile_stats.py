@@ -1,9 +1,9 @@
-"""The start-up measurement's statistics (``ditmem.tools.profile.stable_median``) on a fake
-timed function: no real timing anywhere."""
+"""The start-up measurement's statistics (``ditmem.tools.profile.stable_median``,
+``stable_medians``) on a fake timed function: no real timing anywhere."""
 
 import pytest
 
-from ditmem.tools.profile import measure, stability_note, stable_median
+from ditmem.tools.profile import measure, stability_note, stable_median, stable_medians
 
 
 def feed(values):
@@ -66,6 +66,44 @@ def test_bad_arguments_name_themselves():
         stable_median(lambda: 1.0, 0)
     with pytest.raises(ValueError, match="max_passes"):
         stable_median(lambda: 1.0, 2, max_passes=1)
+
+
+def test_interleaved_operations_keep_their_ratio_through_a_slow_spell():
+    """Two operations, one twice the other, on a device that turns 30 % slower after the
+    first 8 samples (a neighbour's work): measured one after the other, the second is timed
+    in the slow spell and reads 2.6 x the first; measured interleaved, 2.0 x."""
+    calls = {"n": 0}
+
+    def op(seconds):
+        calls["n"] += 1
+        return seconds * (1.3 if calls["n"] > 8 else 1.0)
+
+    quiet = dict(log=lambda _m: None)
+    one = stable_median(lambda: op(1.0), 3, **quiet)
+    two = stable_median(lambda: op(2.0), 3, **quiet)
+    assert two.seconds / one.seconds == pytest.approx(2.6)
+
+    calls["n"] = 0
+    logged = []
+    a, b = stable_medians(lambda: (op(1.0), op(2.0)), 3, whats=("one", "two"),
+                          log=logged.append)
+    assert b.seconds / a.seconds == pytest.approx(2.0)
+    # passes of 3 samples (6 calls) after 1 warm-up sample (2 calls): the spell starts in
+    # pass 2, pass 3 agrees with it; both operations are logged with their passes
+    assert a.agreed and b.agreed and len(a.passes) == len(b.passes) == 3
+    assert [m.split(":")[1].strip() for m in logged] == ["one", "two"]
+
+
+def test_interleaved_passes_end_when_every_operation_agrees():
+    # operation 1 agrees from pass 2; operation 2 only from pass 3: both get 3 passes, and
+    # each keeps the median of its own last two
+    rows = iter([(9, 9), (1.0, 5.0), (1.0, 5.0), (1.0, 8.0), (1.0, 8.0), (1.05, 8.2),
+                 (1.05, 8.2)])
+    a, b = stable_medians(lambda: next(rows), 2, log=lambda _m: None)
+    assert a.passes == [1.0, 1.0, 1.05] and b.passes == [5.0, 8.0, 8.2]
+    assert a.seconds == pytest.approx(1.025) and b.seconds == pytest.approx(8.1)
+    with pytest.raises(ValueError, match="repeats"):
+        stable_medians(lambda: (1.0,), 0)
 
 
 class FakeGen:
@@ -210,3 +248,28 @@ def test_measure_times_encodes_back_to_back_or_right_after_another_requests_step
     assert [p["seconds"] for p in m["steps"]] == pytest.approx([0.1, 0.1])
     with pytest.raises(ValueError, match="encode_order"):
         measure(OrderedGen(clock), [64], [1], 3, pool=None, encode_order="after-decode")
+
+
+def test_measure_times_a_sides_batch_sizes_together(monkeypatch):
+    """A slow spell starting during a side's step measurements (from the 12th step call on,
+    ×1.3) leaves the batch-2 / batch-1 ratio at the fake device's 2.0."""
+    import time
+
+    clock = Clock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    gen = FakeGen(clock)
+    calls = {"n": 0}
+    step = gen.step
+
+    def slow_step(batch):
+        calls["n"] += 1
+        t0 = clock.t
+        step(batch)
+        if calls["n"] >= 12:
+            clock.t += 0.3 * (clock.t - t0)
+
+    gen.step = slow_step
+    m = measure(gen, [64], [1, 2], 3, pool=None, log=lambda *_: None)
+    one, two = (p["seconds"] for p in m["steps"])
+    assert two / one == pytest.approx(2.0)
+

@@ -25,9 +25,9 @@ Equivalence with the stock pipeline: attention runs through ``ditmem.ops.paged_a
 not bit for bit. The VAE's 3-D convolutions and RMS norms take faster CPU paths
 (:mod:`ditmem.models.common.cpu_vae`), so the generator's ``pipe`` decodes within 1e-4
 relative of an unpatched one (uint8 within one level). Against itself the path is
-deterministic and batch-invariant (see wan/packed.py): a request's latents are bit-identical whichever requests share its steps and
-whether or not it was offloaded and restored in between (into other pages), on the same
-device, dtype and thread count.
+deterministic and batch-invariant (see wan/packed.py): a request's latents are
+bit-identical whichever requests share its steps and whether or not it was offloaded and
+restored in between (into other pages), on the same device, dtype and thread count.
 """
 
 from __future__ import annotations
