@@ -73,9 +73,10 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     process, unpinned, without the control path) is replaced; what it alone knows (state
     bytes, weights) stays. Every number is a ``stable_median`` (first call discarded, two
     agreeing passes); a side's batch sizes are measured together, interleaved
-    (``stable_medians``: their ratios hold through a slow spell). ``tokens_for(side)``: the scheduler's tokens of a side² image. Returns
-    ``{"before", "after"}`` (the replaced numbers: ``steps`` {(tokens, batch): s},
-    ``encode_s``, ``decode_tile_s``) and ``checks`` (each measurement's passes)."""
+    (``stable_medians``: their ratios hold through a slow spell). ``tokens_for(side)``: the
+    scheduler's tokens of a side² image. Returns ``{"before", "after"}`` (the replaced
+    numbers: ``steps`` {(tokens, batch): s}, ``encode_s``, ``decode_tile_s``) and
+    ``checks`` (each measurement's passes)."""
     from ditmem.models.common.request import GenerationRequest
     from ditmem.tools.profile import (
         ENCODE_ORDERS,
