@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import ditmem.models as dm
-from ditmem.models.common.cpu_vae import onednn_ready, speed_up_vae
+from ditmem.models.common.cpu_vae import VaePatch, onednn_ready, speed_up_vae
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import CLOCKS, add_arguments, side_by_side, summary, write_json  # noqa: E402
@@ -44,9 +44,7 @@ def vaes(model: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(stock VAE, patched VAE): the generator patches its pipe's VAE; the stock one is a
     copy with every per-instance override removed."""
     stock = copy.deepcopy(dm.load(model).pipe.vae)
-    for m in stock.modules():
-        m.__dict__.pop("_conv_forward", None)
-        m.__dict__.pop("forward", None)
+    VaePatch.found_in(stock).undo()
     patched = copy.deepcopy(stock)
     speed_up_vae(patched)
     return stock, patched

@@ -80,8 +80,8 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
     from ditmem.models.common.request import GenerationRequest
     from ditmem.tools.profile import (
         ENCODE_ORDERS,
+        checked_batches,
         checked_median,
-        checked_medians,
         stability_note,
         timed,
     )
@@ -151,13 +151,11 @@ def measure_on_workers(node, profile: dict, key: str, sides, log, *, tokens_for,
         encodes.append(median_over_devices(lambda d, side=side: stable(
             lambda: encode_once(side, d), max(2, repeats), f"encode {side}x{side} on {d}")))
         def steps_on(d, side=side):
-            # every batch size in each sample, in turn: a slow spell slows them alike
             rids = [encode(side, d, 1000) for _ in range(max(batches))]
             try:
-                return checked_medians(
-                    checks, lambda: tuple(timed(lambda b=b: node.step([((d,), rids[:b])]))
-                                          for b in batches),
-                    repeats, [f"step {side}x{side} batch {b} on {d}" for b in batches], log)
+                return checked_batches(
+                    checks, lambda b: node.step([((d,), rids[:b])]), batches, repeats,
+                    [f"step {side}x{side} batch {b} on {d}" for b in batches], log)
             finally:
                 for rid in rids:
                     node.release(rid)

@@ -168,6 +168,17 @@ def checked_medians(checks: list[dict], sample, repeats: int, whats, log) -> lis
     return [r.seconds for r in out]
 
 
+def checked_batches(checks: list[dict], step, batches, repeats: int, whats, log,
+                    device=None) -> list[float]:
+    """Seconds of one step per batch size in ``batches`` (``step(b)`` runs a step of ``b``
+    requests; ``whats`` names each), measured together: each sample runs every batch size
+    once, in turn (:func:`checked_medians`), so a slow spell slows them alike and their
+    ratio — the packing gain — holds."""
+    return checked_medians(
+        checks, lambda: tuple(timed(lambda b=b: step(b), device) for b in batches),
+        repeats, whats, log)
+
+
 def timed(fn, device=None) -> float:
     """Seconds of one ``fn()`` call (a ``stable_median`` sample): the wall clock on the CPU
     (``device`` None or a CPU device); on CUDA/NPU, device events around the work on the
@@ -261,11 +272,10 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
         encodes.append(stable(lambda side=side: encode_once(side), max(2, repeats),
                               f"encode {side}x{side}"))
         states = [gen.encode(r, pool) for r in reqs]
-        # every batch size in each sample, in turn: a slow spell slows them alike
-        every = checked_medians(
-            checks, lambda states=states: tuple(timed(lambda b=b: gen.step(states[:b]), device)
-                                                for b in batches),
-            repeats, [f"step {side}x{side} batch {b}" for b in batches], _warn)
+        every = checked_batches(checks, lambda b, states=states: gen.step(states[:b]),
+                                batches, repeats,
+                                [f"step {side}x{side} batch {b}" for b in batches], _warn,
+                                device)
         for b, secs in zip(batches, every, strict=True):
             steps.append({"tokens": tokens_for(key, side, side, frames), "batch": b,
                           "seconds": secs})

@@ -80,6 +80,13 @@ class VaePatch:
     convs: list[nn.Conv3d] = field(default_factory=list)
     norms: list[nn.Module] = field(default_factory=list)
 
+    @classmethod
+    def found_in(cls, vae: nn.Module) -> VaePatch:
+        """The handle of the modules under ``vae`` that are patched now (e.g. in a
+        ``copy.deepcopy`` of a patched VAE, whose copies carry their own routing)."""
+        return cls([m for m in vae.modules() if "_conv_forward" in m.__dict__],
+                   [m for m in vae.modules() if "forward" in m.__dict__])
+
     def undo(self) -> None:
         for m in self.convs:
             m.__dict__.pop("_conv_forward", None)

@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import ditmem.models as dm
-from ditmem.models.common.cpu_vae import conv3d, is_rms_norm, onednn_ready, rms_norm, speed_up_vae
+from ditmem.models.common.cpu_vae import (
+    VaePatch,
+    conv3d,
+    is_rms_norm,
+    onednn_ready,
+    rms_norm,
+    speed_up_vae,
+)
 
 pytestmark = pytest.mark.skipif(not onednn_ready(), reason="this torch build has no oneDNN")
 
@@ -55,9 +62,7 @@ def test_what_onednn_cannot_take_keeps_torchs_conv():
 
 def _unpatched(vae):
     stock = copy.deepcopy(vae)
-    for m in stock.modules():
-        m.__dict__.pop("_conv_forward", None)
-        m.__dict__.pop("forward", None)
+    VaePatch.found_in(stock).undo()
     return stock
 
 
