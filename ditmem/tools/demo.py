@@ -103,18 +103,53 @@ def build_trace(args, cost):
     return with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
 
 
+def demo_sides(args) -> list[int]:
+    """The square sides of the demo's trace (the workload's shapes ÷ ``--divisor``)."""
+    from ditmem.scheduler.workloads import MIXES
+
+    return sorted({max(16, s.width // args.divisor // 16 * 16)
+                   for s in MIXES[args.workload].shapes})
+
+
 def measure_demo_profile(gen, args) -> dict:
     """The device profile for the demo's shapes, measured by this process now (the machine
     may be shared: the load must be relative to today's speed)."""
-    from ditmem.scheduler.workloads import MIXES
     from ditmem.tools.profile import measure_profile
 
-    sides = sorted({max(16, s.width // args.divisor // 16 * 16)
-                    for s in MIXES[args.workload].shapes})
-    return measure_profile(gen, args.model, sides, [1, 2, 4], 5, pool_mb=args.pool_mb,
+    return measure_profile(gen, args.model, demo_sides(args), [1, 2, 4], 5, pool_mb=args.pool_mb,
                            page_kb=args.page_kb, tool="ditmem demo", log=lambda *_: None,
                            decode_tile=decode_tile(args, gen),
                            encode_order=getattr(args, "profile_encodes", "back-to-back"))
+
+
+def retime_decodes(profile: dict, gen, args, index: int, barrier, done) -> dict:
+    """``profile`` (this replay process's, measured while the others measured theirs) with
+    its decode figures from the tile timed again while the other processes run steps of
+    the middle side, in turns (:mod:`ditmem.tools.decode_beside`: a decode's neighbour in
+    the run); unchanged for one process or a model that does not tile."""
+    from ditmem.engine.factory import EngineConfig, make_pools
+    from ditmem.tools.decode_beside import (
+        StepBackground,
+        decode_sample,
+        rescale_decodes,
+        time_in_turns,
+    )
+
+    tile = decode_tile(args, gen)
+    if len(done) < 2 or tile is None:
+        return profile
+    sides = demo_sides(args)
+    middle = sides[len(sides) // 2]
+    pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
+    background = StepBackground(gen, pool, middle)
+    try:
+        tile_s = time_in_turns(index, len(done), barrier, done,
+                               decode_sample(gen, pool, tile[0]), background, 4,
+                               what=f"decode {tile[0]}x{tile[0]} beside steps")
+    finally:
+        background.release()
+    return rescale_decodes(profile, tile_s, f"while the other replay processes ran "
+                                            f"{middle}x{middle} steps")
 
 
 def calibrate(gen, args) -> str:

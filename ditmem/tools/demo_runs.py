@@ -94,12 +94,14 @@ def run_policy(gen, name: str, trace, args, model_key: str, barrier=None,
             [dict(d.as_row(), now=d.now - origin) for d in decisions.log]}
 
 
-def _child(args, name, barrier, out_queue, in_queue, core, line) -> None:
+def _child(args, name, barrier, done, out_queue, in_queue, core, line) -> None:
     """One policy in its own process (parallel mode), on CPU ``core`` when given; its
-    progress bar on terminal ``line``. With ``--profile measure`` it first measures the
-    profile here (pinned, one thread, the other replay process measuring beside it on the
-    other core: the conditions its replay runs under) and sends it up; then it gets the
-    trace and the profile to schedule with from ``in_queue``."""
+    progress bar on terminal ``line`` (also its index among the processes). With
+    ``--profile measure`` it first measures the profile here (pinned, one thread, the other
+    replay process measuring beside it on the other core: the conditions its replay runs
+    under), times its decode tile again while the others run steps (``done``: one Event
+    per process; :mod:`ditmem.tools.decode_beside`) and sends the profile up; then it gets
+    the trace and the profile to schedule with from ``in_queue``."""
     import os
 
     from ditmem import models
@@ -110,9 +112,11 @@ def _child(args, name, barrier, out_queue, in_queue, core, line) -> None:
     set_torch_threads(args.threads)
     gen = models.load(args.model, dtype=args.dtype)
     if args.profile == "measure":
-        from ditmem.tools.demo import measure_demo_profile
+        from ditmem.tools.demo import measure_demo_profile, retime_decodes
 
-        out_queue.put(("profile", name, measure_demo_profile(gen, args)))
+        profile = measure_demo_profile(gen, args)
+        out_queue.put(("profile", name, retime_decodes(profile, gen, args, line, barrier,
+                                                        done)))
     trace, args.profile = in_queue.get()
     pool, _ = make_pools(EngineConfig(pool_mb=args.pool_mb, page_kb=args.page_kb), "cpu")
     warm_up(gen, trace, pool)
@@ -125,7 +129,8 @@ def run_parallel(names, args, build_trace):
     """Each policy in its own process, all replays started together: on a shared machine
     both see the same background load at the same time. With at least one core per policy
     (and ``--threads`` 1), each process is pinned to its own core. With ``--profile
-    measure`` every process measures the profile first, all at once, and the profile the
+    measure`` every process measures the profile first, all at once, then times its decode
+    tile while the others run steps (``ditmem.tools.decode_beside``), and the profile the
     replays schedule with is their average (:func:`~ditmem.tools.profile.average_profiles`,
     saved to ``--profile-out``; ``args.profile`` becomes its path). ``build_trace()`` (after
     that) gives the trace. Returns ``(trace, {policy: outcome})``."""
@@ -138,8 +143,9 @@ def run_parallel(names, args, build_trace):
     pin = len(cores) >= len(names) and args.threads == 1
     ctx = mp.get_context("spawn")
     barrier, out_queue = ctx.Barrier(len(names)), ctx.Queue()
+    done = [ctx.Event() for _ in names]
     in_queues = [ctx.Queue() for _ in names]
-    procs = [ctx.Process(target=_child, args=(args, n, barrier, out_queue, in_queues[i],
+    procs = [ctx.Process(target=_child, args=(args, n, barrier, done, out_queue, in_queues[i],
                                               cores[i] if pin else None, i))
              for i, n in enumerate(names)]
     for p in procs:

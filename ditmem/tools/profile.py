@@ -211,6 +211,17 @@ def _state_bytes(gen, request) -> int:
 ENCODE_ORDERS = ("back-to-back", "after-step")
 
 
+def profile_request(side: int, i: int, steps: int, frames: int = 1):
+    """The ``i``-th request a measurement runs: ``side``² (× ``frames``), ``steps`` steps,
+    prompt and seed from ``i``."""
+    from ditmem.models.common.request import GenerationRequest
+    from ditmem.tools.replay import PROMPTS
+
+    return GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
+                             num_inference_steps=steps, num_frames=frames, seed=i,
+                             request_id=f"p{side}-{i}")
+
+
 def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
             frames: int = 1, decode_up_to: int | None = None,
             encode_order: str = "back-to-back") -> dict:
@@ -226,14 +237,11 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
     previous sample."""
     if encode_order not in ENCODE_ORDERS:
         raise ValueError(f"encode_order: one of {ENCODE_ORDERS}, got {encode_order!r}")
-    from ditmem.models.common.request import GenerationRequest
     from ditmem.scheduler.models import tokens_for
-    from ditmem.tools.replay import PROMPTS
+    from ditmem.tools.decode_beside import decode_sample
 
     def request(side, i, steps):
-        return GenerationRequest(prompt=PROMPTS[i % len(PROMPTS)], width=side, height=side,
-                                 num_inference_steps=steps, num_frames=frames, seed=i,
-                                 request_id=f"p{side}-{i}")
+        return profile_request(side, i, steps, frames)
 
     counter = iter(range(10**9))
     checks: list[dict] = []
@@ -257,14 +265,6 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
         gen.release(out[0])
         return dt
 
-    def decode_once(side):
-        s = gen.encode(request(side, next(counter), 2), pool)
-        while not gen.is_done(s):
-            gen.step([s])
-        dt = timed(lambda: gen.decode(s), device)
-        gen.release(s)
-        return dt
-
     steps, encodes, decodes, state_bytes = [], [], {}, {}
     for side in sides:
         reqs = [request(side, i, 1000) for i in range(max(batches))]
@@ -284,7 +284,8 @@ def measure(gen, sides, batches, repeats, pool, log=print, *, key="qwen-image",
             gen.release(s)
         if decode_up_to is not None and side > decode_up_to:
             continue
-        decodes[side] = stable(lambda side=side: decode_once(side), max(2, repeats - 1),
+        decodes[side] = stable(decode_sample(gen, pool, side, frames=frames, counter=counter),
+                               max(2, repeats - 1),
                                f"decode {side}x{side}")
         log(f"  decode {side}x{side}: {1000 * decodes[side]:.1f} ms")
     for s in between:
