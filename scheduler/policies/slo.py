@@ -112,7 +112,6 @@ from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
-from .forecast_fit import FittedCharge
 from .inside_step import group_of, is_part_done, keep_running, running_step
 from .priority_rules import Candidate, late_order, protected, rescued, set_aside
 from .tail_lane import TailLane, member_work, plan_seconds
@@ -126,10 +125,9 @@ ORDERS = ("edf", "fifo")
 #: remaining work first.
 LATE_RANKS = ("arrival", "lane", "remaining")
 #: Which requests the give-up rule may set aside for an overrun within the forecast's
-#: expected arrivals (step 1): all, those not started yet, none, all but with the
-#: forecast charging only the arrivals that fit before their own deadlines
-#: (``forecast_fit``), or only for the arrivals the rule would not set aside first.
-GIVE_UP_FORECAST = ("all", "unstarted", "none", "fits", "ranked")
+#: expected arrivals (step 1): all, those not started yet, none, or only for the arrivals
+#: the rule would not set aside first.
+GIVE_UP_FORECAST = ("all", "unstarted", "none", "ranked")
 
 
 def _started(c: Candidate) -> bool:
@@ -153,10 +151,7 @@ class SloPolicy(Policy):
     * ``give_up_forecast`` — which on-time requests the give-up rule may set aside for an
       overrun within the work the forecast expects of arrivals still to come (step 1):
       ``"all"`` (default), ``"unstarted"`` (a started request is kept until present work
-      alone overruns), ``"none"`` or ``"fits"`` (any request, but each deadline prefix is
-      charged only the forecast work that fits before its own deadline after the present
-      work due before it: an arrival that would be late anyway costs no on-time request its
-      place; ``forecast_fit``; the slacks keep the full charge) or ``"ranked"`` (a request is
+      alone overruns), ``"none"`` or ``"ranked"`` (a request is
       kept when the overrun is within the forecast work of arrivals that the rule would
       itself set aside before it — as much remaining work per weight**``give_up_power`` or
       more: they are given up for it once present, so they take nothing from it);
@@ -275,9 +270,6 @@ class SloPolicy(Policy):
         if give_up_forecast not in GIVE_UP_FORECAST:
             raise ValueError(f"give_up_forecast must be one of {GIVE_UP_FORECAST}, "
                              f"got {give_up_forecast!r}")
-        if give_up_forecast == "fits" and forecast_by_priority:
-            raise ValueError("give_up_forecast='fits' needs forecast_by_priority=False (its "
-                             "charge runs over every prefix with one forecast)")
         self.give_up_forecast = give_up_forecast
         self.late_joins_free = late_joins_free
         self._skip: set[str] = set()
@@ -395,22 +387,21 @@ class SloPolicy(Policy):
         return c.rem - self.packing * gain * steps
 
     def _capacity(self, delta: float, now: float, priority: int, margin: float = 0.0,
-                  due: float | None = None, expected: bool = True) -> float:
+                  due: float | None = None) -> float:
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
         then (of requests not counted in ``self._skip``), future arrivals that could outrank
         it are expected to take their share, and a ``margin`` fraction is kept spare. With
         ``see_decodes``, the pending decodes due before ``due`` (the request's deadline,
         default ``now + delta``) take theirs: after a step of T s the window is
-        ``delta - T`` but the decodes due before the deadline still run in it. Without
-        ``expected``, the forecast's share is not taken off."""
+        ``delta - T`` but the decodes due before the deadline still run in it."""
         cap = delta * (1.0 - margin) - self.lane.forced(now, delta, self._skip)
         until = now + delta if due is None else due
         for decode_due, seconds in self._decodes:
             if decode_due >= until:
                 break
             cap -= seconds
-        if self.forecast is not None and expected:
+        if self.forecast is not None:
             outrank = priority if self.forecast_by_priority else 2
             cap -= self.forecast.work_before(delta, now, outrank)
         return cap
@@ -436,18 +427,14 @@ class SloPolicy(Policy):
         work = 0.0
         given_up = len(fresh)
         kept = 0
-        fitted = self._fitted_charge()
-        rank: dict[int, int] = {}
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
             w = self._work(c)
             work += w
             self._skip.add(c.req.id)
             heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
-            if fitted is not None:
-                rank[id(c)] = n
-                self._push_prefix(fitted, c, now, w)
-            while heap and work > (cap := self._prefix_capacity(c, now, fitted)):
+            while heap and work > (cap := self._capacity(c.req.deadline - now, now,
+                                                         c.req.priority)):
                 victim = set_aside(heap, work - cap, self.shield0, spare0)
                 if victim is None:  # the overrun is forecast work that yields to priority 0
                     break
@@ -460,8 +447,6 @@ class SloPolicy(Policy):
                 fresh.append(victim)
                 self._skip.discard(victim.req.id)
                 work -= self._work(victim)
-                if fitted is not None:
-                    fitted.drop(rank[id(victim)])
         if self.take_back and len(fresh) > given_up:
             self._take_back(now, ontime, fresh[given_up:])
             fresh = fresh[:given_up] + [c for c in fresh[given_up:] if c.late]
@@ -483,28 +468,6 @@ class SloPolicy(Policy):
             guard = min(guard, c.slack)
         return ontime
 
-    def _fitted_charge(self) -> FittedCharge | None:
-        """A fresh capped forecast charge for a pass over the deadline prefixes
-        (``give_up_forecast="fits"``), else None (the full charge, in ``_capacity``)."""
-        if self.give_up_forecast != "fits" or self.forecast is None:
-            return None
-        return FittedCharge()
-
-    def _push_prefix(self, fitted: FittedCharge, c: Candidate, now: float, work: float) -> None:
-        """Add ``c``'s deadline prefix (``c``'s own ``work`` s) to ``fitted``."""
-        delta = c.req.deadline - now
-        fitted.push(self._capacity(delta, now, c.req.priority, expected=False),
-                    self.forecast.work_before(delta, now, 2), work)
-
-    def _prefix_capacity(self, c: Candidate, now: float, fitted: FittedCharge | None) -> float:
-        """Device seconds present work may take before ``c``'s deadline in the give-up rule:
-        ``_capacity``, or with ``fitted`` the capacity less the capped forecast charge of the
-        latest prefix pushed (``c``'s)."""
-        delta = c.req.deadline - now
-        if fitted is None:
-            return self._capacity(delta, now, c.req.priority)
-        return self._capacity(delta, now, c.req.priority, expected=False) - fitted.last()
-
     def _kept_for_forecast(self, victim: Candidate, excess: float, at: Candidate,
                            now: float) -> bool:
         """``give_up_forecast``: is ``victim`` kept on time because the overrun ``excess``
@@ -514,7 +477,7 @@ class SloPolicy(Policy):
         arrival that does come is set aside or served in its turn. ``"ranked"``: is the
         overrun within the expected work of the arrivals the rule would set aside before
         ``victim`` (``ArrivalForecast.work_ranked_before``)?"""
-        if self.give_up_forecast in ("all", "fits") or self.forecast is None:
+        if self.give_up_forecast == "all" or self.forecast is None:
             return False
         if self.give_up_forecast == "unstarted" and not _started(victim):
             return False
@@ -532,23 +495,15 @@ class SloPolicy(Policy):
 
     def _fits(self, now: float, ontime: list[Candidate]) -> bool:
         """Does every deadline prefix of the on-time (not ``late``) requests of ``ontime``
-        (in deadline order) stay within its capacity (``_capacity``; with
-        ``give_up_forecast="fits"`` the capped charge, a late one's prefix counted with no
-        work of its own, as the give-up pass leaves it)?"""
+        (in deadline order) stay within its capacity (``_capacity``)?"""
         work = 0.0
-        fitted = self._fitted_charge()
         self._skip = set()
         for c in ontime:
             if c.late:
-                if fitted is not None:
-                    self._push_prefix(fitted, c, now, 0.0)
                 continue
-            w = self._work(c)
-            work += w
+            work += self._work(c)
             self._skip.add(c.req.id)
-            if fitted is not None:
-                self._push_prefix(fitted, c, now, w)
-            if work > self._prefix_capacity(c, now, fitted) + 1e-9:
+            if work > self._capacity(c.req.deadline - now, now, c.req.priority) + 1e-9:
                 return False
         return True
 
