@@ -20,7 +20,7 @@ import copy
 
 
 def time_in_turns(index: int, processes: int, barrier, done: list, timed_sample, background,
-                  repeats: int, *, what: str = "") -> float:
+                  repeats: int, *, rounds: int = 3, what: str = "") -> float:
     """Seconds of ``timed_sample`` as measured by process ``index`` of ``processes`` while
     the others run ``background()`` over and over.
 
@@ -28,27 +28,39 @@ def time_in_turns(index: int, processes: int, barrier, done: list, timed_sample,
     ``processes``: ``multiprocessing`` or ``threading``) and ``done`` (one Event per
     process). Turn k: process k takes a :func:`~ditmem.tools.profile.stable_median` of
     ``timed_sample()`` (which returns the seconds of the part that counts), then sets
-    ``done[k]``; the others call ``background()`` until ``done[k]`` is set. Returns this
-    process's median. ``what`` names the measurement in the profile's log lines."""
+    ``done[k]``; the others call ``background()`` until ``done[k]`` is set. The turns go
+    round ``rounds`` times and the result is the median of this process's rounds, so a
+    slow spell of a second or two on a shared machine moves one round, not the answer
+    (session 16: one turn read the tile x1.8 the other runs' and the run's). ``what``
+    names the measurement in the profile's log lines."""
+    import statistics
+
     from ditmem.tools.profile import stable_median
 
     if not 0 <= index < processes:
         raise ValueError(f"index: expected 0 <= index < {processes}, got {index}")
     if len(done) != processes:
         raise ValueError(f"done: expected {processes} events, got {len(done)}")
-    mine = None
-    for turn in range(processes):
-        barrier.wait()
-        if turn == index:
-            try:
-                mine = stable_median(timed_sample, repeats, what=what).seconds
-            finally:
-                done[turn].set()
-        else:
-            while not done[turn].is_set():
-                background()
+    if rounds < 1:
+        raise ValueError(f"rounds: expected >= 1, got {rounds}")
+    mine: list[float] = []
+    for _ in range(rounds):
+        for turn in range(processes):
+            barrier.wait()
+            last = (turn - 1) % processes
+            if index == last:  # everyone has left turn ``last``'s loop: ready it again
+                done[last].clear()
+            if turn == index:
+                try:
+                    mine.append(stable_median(timed_sample, repeats, what=what).seconds)
+                finally:
+                    done[turn].set()
+            else:
+                while not done[turn].is_set():
+                    background()
     barrier.wait()
-    return mine
+    done[index].clear()
+    return statistics.median(mine)
 
 
 def rescale_decodes(profile: dict, tile_s: float, how: str) -> dict:

@@ -147,3 +147,30 @@ def test_demo_retimes_the_real_tile_beside_real_steps():
         assert "128x128 steps" in q["decode_tile_s"]["source"]
     single = retime_decodes(profile, gen, args, 0, barrier, done[:1])
     assert single == profile  # one process: nothing beside it to time against
+
+
+def test_a_slow_round_does_not_move_the_median_of_the_rounds():
+    """Process 0's second round reads 9 s a sample (a slow spell), its others 1 s: with a
+    warm-up and two agreeing passes of 3 a round is 7 samples, so calls 7-13 are slow."""
+    barrier = threading.Barrier(2)
+    done = [threading.Event(), threading.Event()]
+    calls = [0]
+    results: dict[int, float] = {}
+
+    def sample0() -> float:
+        calls[0] += 1
+        return 9.0 if 8 <= calls[0] <= 14 else 1.0
+
+    def run(i: int) -> None:
+        sample = sample0 if i == 0 else (lambda: 2.0)
+        results[i] = time_in_turns(i, 2, barrier, done, sample, lambda: time.sleep(1e-4), 3)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "time_in_turns hung"
+    assert calls[0] == 21  # three rounds of seven samples
+    assert results == {0: 1.0, 1: 2.0}
+    assert not any(e.is_set() for e in done)  # ready for another measurement
