@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="POLICY.KEY=VALUE",
-        help="policy option, e.g. slo.protect=0.3 (repeatable)",
+        help="policy option, e.g. slo.rescue0=0.3 (repeatable)",
     )
     parser.add_argument(
         "--preemption",
@@ -163,7 +163,7 @@ def split_bias(value: str | float) -> tuple[float, dict[str, float]]:
 
 def parse_options(items: list[str]) -> dict[str, dict]:
     """``--opt POLICY.KEY=VALUE`` items as {policy: {key: value}}: VALUE is JSON (``0.5``,
-    ``true``, ``"edf"``), ``None``, or else the bare string (``slo.order=edf``); the policy
+    ``true``, ``"edf"``), ``None``, or else the bare string (``slo.late_rank=arrival``); the policy
     checks the value and names the option when it is wrong."""
     out: dict[str, dict] = {}
     for item in items:

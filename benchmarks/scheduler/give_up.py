@@ -5,9 +5,11 @@ loses 0.1–1.0 (``class_drift.py``), and it is the rule, not the learning
 (``class_drift_why.py``). Two causes were traced on the runs: on the demo traces a request
 given up joins the step of an on-time request of its shape while that request keeps slack
 >= 0 after each step, until the on-time one has none left and is given up too
-(``late_joins_free`` keeps a late joiner out unless it takes no on-time slack); on seed-mix
+(``late_joins_free`` kept a late joiner out unless it took no on-time slack); on seed-mix
 the lost 2048²s were all given up for an overrun within the forecast's expected arrivals
-(``give_up_forecast``: which requests may be set aside for that).
+(``give_up_forecast`` chose which requests may be set aside for that). Neither was adopted
+and both were removed in session 17 (the last commit with them: 97f9a1a); the script still
+runs any other ``slo`` option as a variant.
 
 For each variant (``--variant NAME=OPT:JSON,...``; the default always runs first) and the
 settings uniform, largest tier ×1.20 and smallest ×1.20 (steps and decodes of that class,

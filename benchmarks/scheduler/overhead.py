@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = CostModel.load("h200")
     decisions, repeats = (50, 3) if args.quick else (300, 5)
     setup = build(args.active, args.waiting, cost)
-    # "slo:order=edf": the deadline order slo served in before session 6 (same options else)
-    names = ["naive-edf", "fifo", "srtf", "slo", "slo:order=edf"]
+    names = ["naive-edf", "fifo", "srtf", "slo"]
     results: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(repeats):
         for name in names:  # interleaved, so noise hits every policy alike

@@ -12,7 +12,7 @@ at each ``--bias`` (``TimingNoise(bias=B)``: true times (1 + B) × the profile's
 under fifo and each setting; the clairvoyant batch-1 reference is computed on the trace
 re-priced at that speed (``run_speed.scale_profile``, every kind × (1 + B)). Rows "default"
 (today's slo), "late tiles" (``late_tile_margin=0.2``) and "late tiles + arrival" (also
-``late_rank="arrival", alive_first=False``) — the session-9 options, off by default — are
+``late_rank="arrival"``) — the session-9 options, off by default — are
 always there. The summary per (saved / fresh, bias, setting):
 mean attainment, the clairvoyant's mean, mean and largest P99 ÷ fifo's P99 (per run),
 how many runs have P99 > fifo's, mean P95 ÷ fifo's and max ÷ fifo's.
@@ -41,7 +41,7 @@ from ditmem.tools.run_speed import KINDS, as_run, scale_profile  # noqa: E402
 
 #: the session-9 options (off by default): late tiles in on-time slack, late requests oldest first
 LATE_TILES = {"late_tile_margin": 0.2}
-LATE_TILES_ARRIVAL = {"late_tile_margin": 0.2, "late_rank": "arrival", "alive_first": False}
+LATE_TILES_ARRIVAL = {"late_tile_margin": 0.2, "late_rank": "arrival"}
 
 
 def clairvoyant(reqs, cost: CostModel, bias: float) -> float:

@@ -1,8 +1,8 @@
 """What the tail guarantee of ``slo`` costs: attainment against P95/P99/max latency for its
 two promise rules (``tail="fifo"``: no flow above ``tail_factor`` × FIFO's running maximum
 (or ``tail_quantile``); ``tail="late"``: given-up requests by ``late_windows`` SLO windows or
-``lane work / late_share``) and its serving order (``order``, ``order_margin``), beside fifo
-and the offline bounds, on the same traces (seed-mix, h200, Poisson ρ 0.8, timing noise 3 %).
+``lane work / late_share``), beside fifo and the offline bounds, on the same traces
+(seed-mix, h200, Poisson ρ 0.8, timing noise 3 %).
 
     python benchmarks/scheduler/tail_tradeoff.py [--seeds 2] [--requests 2000] [--json OUT]
 
@@ -26,14 +26,6 @@ from ditmem.scheduler.tail_bound import min_misses_within
 
 SETTINGS = [
     ("late: 3 windows, share 0.1", {"tail": "late"}),
-    # the serving order (session 6): the default is FIFO-first under the EDF guard with 0.7
-    # of each window spare; "edf" is the order before session 6
-    ("order edf (session 5)", {"order": "edf"}),
-    ("order fifo, margin 0", {"order_margin": 0.0}),
-    ("order fifo, margin 0.1", {"order_margin": 0.1}),
-    ("order fifo, margin 0.3", {"order_margin": 0.3}),
-    ("order fifo, margin 0.5", {"order_margin": 0.5}),
-    ("order fifo, margin 1", {"order_margin": 1.0}),
     # the give-up rule before session 5: remaining work at batch-1 step times
     ("late, batch-1 give-up (session 4)", {"tail": "late", "packing": 0.0}),
     ("late: 6 windows, share 0.5", {"tail": "late", "late_windows": 6.0, "late_share": 0.5}),

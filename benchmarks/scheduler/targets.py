@@ -35,16 +35,12 @@ POLICIES = ("fifo", "srtf", "slo")
 ABLATIONS = {
     "slo": {},
     "slo-no-shield0": {"shield0": False},
-    "slo-no-alive-first": {"alive_first": False},
-    "slo-v1-rules": {"shield0": False, "alive_first": False, "rescue0": 0.0},
+    "slo-late-by-arrival": {"late_rank": "arrival"},
+    "slo-v1-rules": {"shield0": False, "late_rank": "arrival", "rescue0": 0.0},
     "slo-no-rescue0": {"rescue0": 0.0},
     "slo-rescue0,guard=1": {"rescue0": 0.5, "rescue_guard": 1.0},
     "slo-no-batching": {"batching": False},
     "slo-no-forecast": {"forecast": False},
-    "slo-unweighted-give-up": {"give_up_power": 0.0},
-    "slo-urgency0=0.7": {"urgency0": 0.7},
-    "slo-protect=0.5,power=4": {"protect": 0.5, "give_up_power": 4.0},
-    "slo-srpt-guarded(beta=1)": {"beta": 1.0},
     "slo-join-margin0=0.2": {"join_margin0": 0.2},
     "slo-forecast-shield0": {"forecast_shield0": True},
 }

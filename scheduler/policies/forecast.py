@@ -74,22 +74,6 @@ class ArrivalForecast:
             self._min_slack = min(w - s for _, s, w, _ in self._recent)
         return self._min_slack
 
-    def work_ranked_before(self, delta: float, now: float, key: float, power: float,
-                           priority: int = 2, least: int = 0) -> float:
-        """Expected seconds of work, as ``work_before``, of the future arrivals of priority
-        ``least`` to ``priority`` whose ``standalone_s / weight**power`` is at least
-        ``key``: those the give-up rule (largest remaining work per weight**``power``
-        first) would set aside before a request of that key. A pass over the recent
-        arrivals (O(``memory``))."""
-        if len(self._recent) < 2 or delta <= 0:
-            return 0.0
-        if self._sums is None:
-            self._rebuild(now)
-        total = sum(s * (delta - w) for _, s, w, p in self._recent
-                    if least <= p <= priority and w < delta
-                    and s / PRIORITY_WEIGHTS[p]**power >= key)
-        return total / self._span
-
     def work_before(self, delta: float, now: float, priority: int = 2) -> float:
         """Expected seconds of work from future arrivals of priority ≤ ``priority`` that
         will be due within ``delta`` seconds."""

@@ -80,25 +80,9 @@ def rescued(ontime: list[Candidate], fraction: float, guard_steps: float) -> Can
     return None
 
 
-def protected(now: float, ontime: list[Candidate], fraction: float) -> Candidate | None:
-    """The first priority-0 request by deadline once the priority-0 work alone would leave
-    less than ``fraction`` of the time to a deadline spare (plus one step)."""
-    longest = max((c.tau for c in ontime), default=0.0)
-    work, first = 0.0, None
-    for c in ontime:
-        if c.req.priority != 0:
-            continue
-        first = first or c
-        work += c.rem
-        if (c.req.deadline - now) * (1.0 - fraction) - work < longest:
-            return first
-    return None
-
-
-def late_order(now: float, c: Candidate, alive_first: bool, rank: float) -> tuple:
-    """Sort key of late requests in spare time: with ``alive_first``, those that could still
-    finish in time alone (given up for the forecast or for others, not yet lost) first; then
-    by ``rank`` (their place in the late lane, their remaining work in s, or the same for
-    all: arrival order)."""
-    lost = alive_first and now + c.rem > c.req.deadline
+def late_order(now: float, c: Candidate, rank: float) -> tuple:
+    """Sort key of late requests in spare time: those that could still finish in time alone
+    (given up for the forecast or for others, not yet lost) first; then by ``rank`` (their
+    place in the late lane)."""
+    lost = now + c.rem > c.req.deadline
     return (lost, rank, c.req.arrival)

@@ -24,27 +24,15 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    for it once they are present, so they take nothing from it. So is a request that cannot finish
    in time even alone. Late requests are never dropped, and stay late: they join the *late lane*
    (6.), and also run whenever nothing on time is runnable (2.).
-2. **Run the earliest deadline** (``order="edf"``, default). Among on-time requests the
-   earliest deadline runs: large requests, whose deadlines are far, are deferred while they
-   still have slack, and small ones go first; late ones run in spare time, first those that
-   could still finish in time alone (``alive_first``), then in lane order (``late_rank=
-   "lane"``; ``"arrival"``, an option, runs the oldest first — see step 6 for what it
-   measured).
-   ``order="fifo"`` instead takes requests in arrival order — on-time and late ones alike —
-   and runs the first whose next iteration (``T`` s) leaves every on-time request feasible
-   in the EDF plan of the rest: each on-time request due before it must keep slack ``>= T``
-   plus ``order_margin`` (0.7) × its own SLO window (for a late one: every on-time request);
-   when none passes before the earliest deadline, the earliest deadline runs, so the give-up
-   set is the EDF plan's. Simulated it moves finishes toward arrival order a little (seed-mix
-   P99 1.34 → 1.28 × fifo's); on the real demos and the HTTP bench it did worse than EDF, so
-   it is not the default (docs/results/scheduler.md, Session 6). ``protect`` > 0
-   additionally runs a priority-0 request as soon as the priority-0 work alone would leave
-   less than that fraction of its time spare.
-   ``rescue0`` (default 0.5) runs an on-time priority-0 request whose own slack has fallen
-   below that fraction of its remaining work ahead of earlier-due requests — only while each
-   of those keeps slack for ``rescue_guard`` (10) of its steps, so they lose nothing.
-   (``beta`` switches to an SRPT-like key ``arrival + beta·remaining·2/weight`` under a
-   slack guard; kept for comparison, EDF does better — docs/results/scheduler.md.)
+2. **Run the earliest deadline.** Among on-time requests the earliest deadline runs: large
+   requests, whose deadlines are far, are deferred while they still have slack, and small
+   ones go first; late ones run in spare time, first those that could still finish in time
+   alone, then in lane order. ``rescue0`` (default 0.5) runs an on-time priority-0 request
+   whose own slack has fallen below that fraction of its remaining work ahead of earlier-due
+   requests — only while each of those keeps slack for ``rescue_guard`` (10) of its steps, so
+   they lose nothing. (Orders measured and removed in session 17 — arrival order under an
+   EDF guard, an SRPT-like key, priority-0 urgency and protection, late requests oldest or
+   least-remaining first: docs/results/scheduler.md, "Session 17".)
 3. **Batch when it pays.** Requests of the same model join the step while the profile
    says the step grows by less than ``1 - min_gain`` of the joiner's own step time (in the
    profile's units, ``CostModel.base_step_time``: the online corrections are per shape
@@ -86,12 +74,12 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    late_tile_margin · (D_c − A_c))`` seconds, capped by the least lane slack so no promise
    pays for it (``StepPlan.late_tiles_s``; at least 0; 0 with nothing on time), less the
    tiles of pending decodes that can still make it (taken again with ``see_decodes``, which
-   already left them out: conservative), and
-   its next tile runs instead of the step when it fits. With ``late_rank="arrival",
-   alive_first=False`` it cut P99 ÷ fifo's on the 12 saved demo traces (3 noise seeds) at
-   10 % slower true times from 2.58 to 1.75 (at the profile's speed 1.73 → 1.63, no
-   point lost) but cost 0.5 point there (1.3–2.4 on s5_run1, s5_run2, s6_edf_run2: the
-   slack it spends is the model's, and the model is 10 % fast), so it is not the default
+   already left them out: conservative), and its next tile runs instead of the step when it
+   fits. With ``late_rank="arrival"`` (late requests oldest first in spare time, an option)
+   it cut P99 ÷ fifo's on the 12 saved demo traces (3 noise seeds) at 10 % slower true
+   times from 2.58 to 1.75 (at the profile's speed 1.73 → 1.63, no point lost) but cost 0.5
+   point there (1.3–2.4 on s5_run1, s5_run2, s6_edf_run2: the slack it spends is the
+   model's, and the model is 10 % fast), so it is not the default
    (``benchmarks/scheduler/replay_tail.py``, results/replay_tail_s9.json).
 
    The promised requests are served as late as possible in lane order: an iteration runs
@@ -113,76 +101,45 @@ from ..request import Request, RequestStatus
 from .base import Policy, make_room
 from .forecast import ArrivalForecast
 from .inside_step import group_of, is_part_done, keep_running, running_step
-from .priority_rules import Candidate, late_order, protected, rescued, set_aside
+from .priority_rules import Candidate, late_order, rescued, set_aside
 from .tail_lane import TailLane, member_work, plan_seconds
 
 INF = float("inf")
 
-#: The serving order (step 2): ``"edf"`` earliest deadline among on-time requests; ``"fifo"``
-#: earliest arrival (late requests included) under the EDF guard.
-ORDERS = ("edf", "fifo")
-#: The order of late requests in spare time (step 2): oldest first, as given up, or least
-#: remaining work first.
-LATE_RANKS = ("arrival", "lane", "remaining")
-#: Which requests the give-up rule may set aside for an overrun within the forecast's
-#: expected arrivals (step 1): all, those not started yet, none, or only for the arrivals
-#: the rule would not set aside first.
-GIVE_UP_FORECAST = ("all", "unstarted", "none", "ranked")
+#: The order of late requests in spare time (step 2): those that could still finish in time
+#: alone first, then as given up (``"lane"``); or simply oldest first (``"arrival"``).
+LATE_RANKS = ("lane", "arrival")
+#: The give-up rule sets aside the largest ``remaining / weight**GIVE_UP_POWER`` (weights
+#: 3:2:1, so 9:4:1).
+GIVE_UP_POWER = 2.0
 
 
-def _started(c: Candidate) -> bool:
-    """Has ``c`` run a step (or part of one)?"""
-    return isinstance(c.item, RequestStatus) and (
-        c.item.steps_done > 0 or c.item.blocks_done > 0)
+def _give_up_key(c: Candidate) -> float:
+    """Remaining work per weight**``GIVE_UP_POWER`` (s): the give-up rule's order."""
+    return c.rem / c.req.weight**GIVE_UP_POWER
 
 
 class SloPolicy(Policy):
     """See the module docstring. Options (defaults measured in docs/results/scheduler.md):
 
     * ``forecast`` — subtract the expected work of future earlier-due arrivals from the time
-      left before each deadline (``forecast_by_priority``: count only same-or-higher priority);
-    * ``give_up_power`` — the give-up rule sets aside the largest ``remaining / weight**p``
-      (0: ignore priority; 2: weights 9:4:1; larger: closer to strict priority);
+      left before each deadline;
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
       (step 1; on by default);
     * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
       lower-priority arrivals cover (step 1; off: p0 +0.10 to +0.45, overall −0.06 to −0.25);
-    * ``give_up_forecast`` — which on-time requests the give-up rule may set aside for an
-      overrun within the work the forecast expects of arrivals still to come (step 1):
-      ``"all"`` (default), ``"unstarted"`` (a started request is kept until present work
-      alone overruns), ``"none"`` or ``"ranked"`` (a request is
-      kept when the overrun is within the forecast work of arrivals that the rule would
-      itself set aside before it — as much remaining work per weight**``give_up_power`` or
-      more: they are given up for it once present, so they take nothing from it);
-    * ``late_joins_free`` — a late request joins a step only if every on-time request is
-      left as feasible as after the step without it (step 3; off: a late joiner may take an
-      on-time request's slack down to 0, and on the demo traces under class drift a late
-      1024² joining an on-time one's steps then lost both);
     * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
       on-time priority-0 request (step 3; 0, the default: any slack down to zero);
     * ``lone_p0_unpacked`` — a priority-0 request that no other candidate shares a shape
       with gets no packing credit (``packing``) in the give-up rule and the slacks (off);
-    * ``alive_first`` — with ``order="edf"``, late requests still able to finish in time alone
-      run first in spare time (on); ``order="fifo"`` runs the oldest first;
-    * ``late_rank`` — the order of late requests in spare time after ``alive_first``
-      (step 2): ``"lane"`` (the order they were given up in, default), ``"arrival"``
-      (oldest first) or ``"remaining"`` (least remaining work first: a nearly-done late
-      request does not wait behind a whole one given up before it);
     * ``rescue0`` (0 = off) and ``rescue_guard`` — the targeted promotion of an at-risk
       priority-0 request (step 2);
-    * ``protect`` (0 = off) and ``urgency0`` (1 = off) — favour priority 0 further, at a
-      cost in total attainment;
-    * ``beta`` (None = deadline order) and ``headroom`` — the SRPT-like alternative order
-      under a slack guard with ``headroom`` of the time kept spare;
     * ``min_gain`` — least throughput gain (fraction of a joiner's step) for batching;
     * ``see_decodes`` — count the tiled decodes pending on the loop (``SchedulerView.decodes``,
       each one that can still make its deadline, priced by the cost model) as device time
       taken before every deadline after theirs: their tiles run instead of a step due later
       (``decode_lane.TiledDecodes``), so without it the capacities are too large by them;
-    * ``order`` (``"edf"``: earliest deadline first; ``"fifo"``: oldest first under the EDF
-      guard) and ``order_margin`` — that guard's spare time, a fraction of each protected
-      request's SLO window (step 2);
     * ``packing`` — the fraction of the best packing gain (the model's ``max_batch`` of the
       same shape) the give-up rule and the slacks credit each remaining step with (1: all;
       0: batch-1 times, the previous rule; measured in docs/results/scheduler.md);
@@ -198,10 +155,10 @@ class SloPolicy(Policy):
       every on-time request can spare beyond that fraction of its SLO window (step 6;
       None, the default: off, late tiles wait for their ``late_share`` credit or an idle
       loop);
-    * ``late_decodes_first`` — when a plan runs only late requests past saving, grant the
-      pending tiled decodes their tiles first (``StepPlan.late_tiles_s``, within the lane's
-      slack): a late request with only its decode left no longer waits for the
-      ``late_share`` credit behind other late requests' steps (off);
+    * ``late_rank`` — the order of late requests in spare time (step 2): ``"lane"`` (those
+      still able to finish in time alone first, then as given up; default) or ``"arrival"``
+      (oldest first: with ``late_tile_margin`` it cut the demo traces' P99 at 10 % slower
+      true times, session 9);
     * ``promise_tries`` — how many preferred heads to try when the plan would break a
       promise, before the lane's head runs;
     * ``window`` — how many waiting requests (by deadline) each decision looks at;
@@ -220,18 +177,11 @@ class SloPolicy(Policy):
         cost,
         *,
         forecast: bool = True,
-        forecast_by_priority: bool = False,
-        give_up_power: float = 2.0,
-        protect: float = 0.0,
         shield0: bool = True,
         take_back: bool = True,
         forecast_shield0: bool = False,
         rescue0: float = 0.5,
         rescue_guard: float = 10.0,
-        alive_first: bool = True,
-        urgency0: float = 1.0,
-        beta: float | None = None,
-        headroom: float = 0.0,
         min_gain: float = 0.1,
         tail: str = "late",
         tail_quantile: float = 1.0,
@@ -241,16 +191,11 @@ class SloPolicy(Policy):
         late_share: float = 0.1,
         late_tile_margin: float | None = None,
         late_rank: str = "lane",
-        late_decodes_first: bool = False,
-        give_up_forecast: str = "all",
-        late_joins_free: bool = False,
         window: int = 32,
         promise_tries: int = 8,
         packing: float = 1.0,
         join_margin0: float = 0.0,
         lone_p0_unpacked: bool = False,
-        order: str = "edf",
-        order_margin: float = 0.7,
         batching: bool = True,
         see_decodes: bool = False,
         chunk_budget: float | None = None,
@@ -266,32 +211,19 @@ class SloPolicy(Policy):
         if late_rank not in LATE_RANKS:
             raise ValueError(f"late_rank must be one of {LATE_RANKS}, got {late_rank!r}")
         self.late_rank = late_rank
-        self.late_decodes_first = late_decodes_first
-        if give_up_forecast not in GIVE_UP_FORECAST:
-            raise ValueError(f"give_up_forecast must be one of {GIVE_UP_FORECAST}, "
-                             f"got {give_up_forecast!r}")
-        self.give_up_forecast = give_up_forecast
-        self.late_joins_free = late_joins_free
         self._skip: set[str] = set()
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
         self.chunk_wait_share = chunk_wait_share
         self.forecast = ArrivalForecast() if forecast else None
-        self.forecast_by_priority = forecast_by_priority
-        self.give_up_power = give_up_power
-        self.protect = protect
         self.shield0 = shield0
         self.take_back = take_back
-        if forecast_shield0 and (not forecast or forecast_by_priority):
-            raise ValueError("forecast_shield0 needs forecast=True and forecast_by_priority="
-                             "False (it spares the lower-priority forecast charged to priority 0)")
+        if forecast_shield0 and not forecast:
+            raise ValueError("forecast_shield0 needs forecast=True (it spares the lower-priority "
+                             "forecast charged to priority 0)")
         self.forecast_shield0 = forecast_shield0
         self.rescue0 = rescue0
         self.rescue_guard = rescue_guard
-        self.alive_first = alive_first
-        self.urgency0 = urgency0
-        self.beta = beta
-        self.headroom = headroom
         self.min_gain = min_gain
         self.window = window
         self.promise_tries = promise_tries
@@ -303,12 +235,6 @@ class SloPolicy(Policy):
         self.join_margin0 = join_margin0
         self.lone_p0_unpacked = lone_p0_unpacked
         self._shapes: dict[tuple[str, int], int] = {}
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if not order_margin >= 0:
-            raise ValueError(f"order_margin must be >= 0, got {order_margin!r}")
-        self.order = order
-        self.order_margin = order_margin
         self._gain: dict[tuple[str, int], float] = {}
         self.batching = batching
         self.see_decodes = see_decodes
@@ -329,18 +255,6 @@ class SloPolicy(Policy):
         enc = 0.0 if started else enc
         rem = (req.steps - steps_done - part) * tau + dec + enc
         return Candidate(item, req, rem, tau, tokens, enc=enc, dec=dec)
-
-    def _order_deadline(self, req: Request) -> float:
-        """The deadline used for ordering: priority 0 is ordered as if due after only
-        ``urgency0`` of its SLO window (feasibility is still checked on real deadlines)."""
-        if req.priority == 0 and self.urgency0 != 1.0:
-            return req.arrival + self.urgency0 * (req.deadline - req.arrival)
-        return req.deadline
-
-    def _key(self, c: Candidate) -> float:
-        if self.beta is None:
-            return self._order_deadline(c.req)
-        return c.req.arrival + self.beta * c.rem * 2.0 / c.req.weight
 
     def _candidates(self, view: SchedulerView) -> list[Candidate]:
         if self.forecast is not None:
@@ -402,8 +316,7 @@ class SloPolicy(Policy):
                 break
             cap -= seconds
         if self.forecast is not None:
-            outrank = priority if self.forecast_by_priority else 2
-            cap -= self.forecast.work_before(delta, now, outrank)
+            cap -= self.forecast.work_before(delta, now)
         return cap
 
     # ---- the decision ------------------------------------------------------------------
@@ -417,7 +330,7 @@ class SloPolicy(Policy):
                 fresh.append(c)
             elif not c.late:
                 ontime.append(c)
-        ontime.sort(key=lambda c: (self._order_deadline(c.req), c.req.arrival))
+        ontime.sort(key=lambda c: (c.req.deadline, c.req.arrival))
         heap: list[tuple[float, int, Candidate]] = []
         spare0 = None
         if self.forecast_shield0:
@@ -426,22 +339,16 @@ class SloPolicy(Policy):
                 return self.forecast.work_before(d, now, 2) - self.forecast.work_before(d, now, 0)
         work = 0.0
         given_up = len(fresh)
-        kept = 0
         self._skip = set()  # the deadline prefix: its work is in ``work``, not in the lane's
         for n, c in enumerate(ontime):
             w = self._work(c)
             work += w
             self._skip.add(c.req.id)
-            heapq.heappush(heap, (-c.rem / c.req.weight**self.give_up_power, n, c))
+            heapq.heappush(heap, (-_give_up_key(c), n, c))
             while heap and work > (cap := self._capacity(c.req.deadline - now, now,
                                                          c.req.priority)):
                 victim = set_aside(heap, work - cap, self.shield0, spare0)
                 if victim is None:  # the overrun is forecast work that yields to priority 0
-                    break
-                if self._kept_for_forecast(victim, work - cap, c, now):
-                    kept += 1  # back in the heap, first among equal keys, a rank of its own
-                    heapq.heappush(heap, (-victim.rem / victim.req.weight**self.give_up_power,
-                                          -kept, victim))
                     break
                 victim.late = True
                 fresh.append(victim)
@@ -462,36 +369,9 @@ class SloPolicy(Policy):
             c.guard = guard
             work += self._work(c)
             self._skip.add(c.req.id)
-            c.slack = (
-                self._capacity(c.req.deadline - now, now, c.req.priority, self.headroom) - work
-            )
+            c.slack = self._capacity(c.req.deadline - now, now, c.req.priority) - work
             guard = min(guard, c.slack)
         return ontime
-
-    def _kept_for_forecast(self, victim: Candidate, excess: float, at: Candidate,
-                           now: float) -> bool:
-        """``give_up_forecast``: is ``victim`` kept on time because the overrun ``excess``
-        (s) at ``at``'s deadline is within the work the forecast expects of arrivals still to
-        come, and ``victim`` is one the rule may not give up for that: a started request
-        (``"unstarted"``) or any request (``"none"``)? Present work alone then fits; an
-        arrival that does come is set aside or served in its turn. ``"ranked"``: is the
-        overrun within the expected work of the arrivals the rule would set aside before
-        ``victim`` (``ArrivalForecast.work_ranked_before``)?"""
-        if self.give_up_forecast == "all" or self.forecast is None:
-            return False
-        if self.give_up_forecast == "unstarted" and not _started(victim):
-            return False
-        outrank = at.req.priority if self.forecast_by_priority else 2
-        delta = at.req.deadline - now
-        if self.give_up_forecast == "ranked":
-            key = victim.rem / victim.req.weight**self.give_up_power
-            # with ``shield0`` a priority-0 arrival is swapped for a lower-priority victim,
-            # not set aside before it
-            least = 1 if self.shield0 and victim.req.priority > 0 else 0
-            return excess <= self.forecast.work_ranked_before(delta, now, key,
-                                                              self.give_up_power, outrank,
-                                                              least)
-        return excess <= self.forecast.work_before(delta, now, outrank)
 
     def _fits(self, now: float, ontime: list[Candidate]) -> bool:
         """Does every deadline prefix of the on-time (not ``late``) requests of ``ontime``
@@ -509,10 +389,10 @@ class SloPolicy(Policy):
 
     def _take_back(self, now: float, ontime: list[Candidate], victims: list[Candidate]):
         """Un-set-aside ``victims`` (set aside in this decision, ``late`` True), least
-        remaining work per weight**``give_up_power`` first, each whose return keeps
+        remaining work per weight**``GIVE_UP_POWER`` first, each whose return keeps
         ``_fits``; returns those taken back."""
         back = []
-        for v in sorted(victims, key=lambda c: c.rem / c.req.weight**self.give_up_power):
+        for v in sorted(victims, key=_give_up_key):
             v.late = False
             if self._fits(now, ontime):
                 back.append(v)
@@ -545,28 +425,7 @@ class SloPolicy(Policy):
             plan = self._promise_plan(now, view, by_id, ontime, late) or plan
         if self.late_tile_margin is not None:
             plan.late_tiles_s = self._late_tile_spare(ontime)
-        if self.late_decodes_first:
-            plan.late_tiles_s = max(plan.late_tiles_s, self._lost_decode_grant(now, view, by_id,
-                                                                               plan))
         return self.with_pause(plan, view)
-
-    def _lost_decode_grant(self, now: float, view: SchedulerView, by_id: dict[str, Candidate],
-                           plan: StepPlan) -> float:
-        """Seconds of late decode tiles to grant before ``plan`` (``late_decodes_first``):
-        when every member of the plan is a late request that cannot finish in time even
-        alone (nothing on time, nothing still able to make it), the predicted seconds of
-        every pending decode, no more than the least lane slack (a tile takes from every
-        promise); else 0. A late request whose steps are done then decodes before the
-        steps of those given up with it: it is the late work nearest done."""
-        if not view.decodes:
-            return 0.0
-        for rid in plan.batch:
-            c = by_id.get(rid)
-            if c is None or not c.late or now + c.rem <= c.req.deadline:
-                return 0.0
-        left = sum(self.cost.decode_time(d.request) * d.tiles_left / max(1, d.tiles)
-                   for d in view.decodes)
-        return max(0.0, min(left, self.lane.slack()))
 
     def _late_tile_spare(self, ontime: list[Candidate]) -> float:
         """Seconds of late decode tiles this decision can spare (``late_tile_margin``):
@@ -670,49 +529,16 @@ class SloPolicy(Policy):
 
     def _preference(self, now: float, ontime: list[Candidate], late: list[Candidate]):
         """Heads to try, best first (later ones only matter when memory blocks earlier)."""
-        first = None
-        if self.rescue0 > 0:
-            first = rescued(ontime, self.rescue0, self.rescue_guard)
-        if first is None and self.protect > 0:
-            first = protected(now, ontime, self.protect)
-        if first is None and ontime and self.beta is not None:
-            best = min(ontime, key=self._key)
-            first = best if best.guard >= best.tau else None
-        if first is None and self.order == "fifo":
-            first = self._guarded_head(ontime, late)
+        first = rescued(ontime, self.rescue0, self.rescue_guard) if self.rescue0 > 0 else None
         if first is not None:
             yield first
         yield from (c for c in ontime if c is not first)
-        if self.late_rank == "remaining":
-            yield from sorted(late, key=lambda c: late_order(now, c, self.alive_first, c.rem))
+        if self.late_rank == "arrival":
+            yield from sorted(late, key=lambda c: c.req.arrival)
             return
-        pos = self.lane.positions() if self.late_rank == "lane" else {}
+        pos = self.lane.positions()
         behind = len(pos)  # a request the lane never saw (started by hand) goes last
-        yield from sorted(
-            late, key=lambda c: late_order(now, c, self.alive_first, pos.get(c.req.id, behind))
-        )
-
-    def _guarded_head(self, ontime: list[Candidate], late: list[Candidate]):
-        """``order="fifo"``: the earliest-arrived request, on time or late, whose next
-        iteration leaves every on-time request feasible in the EDF plan of the rest with
-        ``order_margin`` × its SLO window to spare — running ``c`` for ``T`` s takes ``T``
-        from the slack of each on-time request due before it (for a late ``c``: of every
-        on-time request) and from no other. None when that is the EDF head itself (or none
-        passes): the EDF order then runs."""
-        pool, guard = [], INF
-        for c in ontime:  # deadline order
-            pool.append((c, guard))
-            guard = min(guard, c.slack - self.order_margin * (c.req.deadline - c.req.arrival))
-        pool += [(c, guard) for c in late]
-        pool.sort(key=lambda e: (e[0].req.arrival, e[0].req.id))
-        head = ontime[0] if ontime else None
-        for c, g in pool:
-            if c is head:
-                return None
-            last = c.rem - c.enc - c.dec <= c.tau * (1 + 1e-9)
-            if g >= c.tau + c.enc + (c.dec if last else 0.0):
-                return c
-        return None
+        yield from sorted(late, key=lambda c: late_order(now, c, pos.get(c.req.id, behind)))
 
     @staticmethod
     def _victim_order(status: RequestStatus) -> tuple:
@@ -736,7 +562,7 @@ class SloPolicy(Policy):
                 and not is_part_done(c.item)
                 and c.req.id not in plan.offload  # moved out to make room for the head
             ),
-            key=lambda c: (c.late, self._key(c)),
+            key=lambda c: (c.late, c.req.deadline),
         )
         for c in others:
             if len(batch) >= limit:
@@ -749,21 +575,18 @@ class SloPolicy(Policy):
             # packed step's correction is its class's, learned on other mixes
             new_step = max(cost.step_time(model, tokens), step, c.tau)
             trial = batch + [c]
-            if self._batch_fits(now, trial, new_step, ontime,
-                                free=c.late and self.late_joins_free) and make_room(
+            if self._batch_fits(now, trial, new_step, ontime) and make_room(
                 cost, view, [c.item], plan, victim_order=self._victim_order
             ):
                 batch, step, base_step = trial, new_step, new_base
 
     def _batch_fits(
-        self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate],
-        free: bool = False,
+        self, now: float, batch: list[Candidate], step: float, ontime: list[Candidate]
     ) -> bool:
         """After one step of ``batch`` (``step`` seconds), is every on-time request at least as
         feasible as after one step of the head alone (deadline order, remaining work), or
         left with slack of at least 0 — for priority 0, ``join_margin0`` × its remaining
-        work (s)? With ``free`` (a late joiner under ``late_joins_free``) only the first: the
-        joiner takes no on-time request's slack."""
+        work (s)?"""
         head, members = batch[0], {id(c): c for c in batch}
         work_b = work_h = 0.0
         for c in ontime:
@@ -775,8 +598,6 @@ class SloPolicy(Policy):
             after_batch = self._capacity(delta - step, now, c.req.priority, due=due) - work_b
             after_head = self._capacity(delta - head.tau, now, c.req.priority, due=due) - work_h
             keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
-            if free:
-                keep = INF
             if after_batch < min(keep, after_head) - 1e-9:
                 return False
         return True

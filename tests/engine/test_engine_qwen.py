@@ -47,9 +47,8 @@ def test_preempted_and_offloaded_request_equals_reference(gen):
     alone = alone_engine.start().submit(long_request(), priority=2).future.result(300)
     alone_engine.drain(10)
 
-    # both never fit at once; deadline order (pinned: order="fifo" would let the older
-    # request finish while the urgent one has slack), so the urgent arrival preempts
-    engine, pool = make_engine(gen, need_a + need_b - 1, options={"order": "edf"})
+    # both never fit at once; deadline order, so the urgent arrival preempts
+    engine, pool = make_engine(gen, need_a + need_b - 1)
     engine.start()
     ta = engine.submit(a, priority=2, slo_ms=600_000)
     deadline = time.monotonic() + 120

@@ -91,7 +91,7 @@ def test_no_policy_that_keeps_fifos_max_beats_the_bound():
         worst = max(r.finished - r.request.arrival for r in fifo.records)
         bound = min_misses_within(trace, cost, worst)
         assert sum(not r.met for r in fifo.records) >= bound
-        for name, opts in (("slo", {}), ("slo", {"order": "fifo"}), ("srtf", {})):
+        for name, opts in (("slo", {}), ("slo", {"tail": "fifo"}), ("srtf", {})):
             res = simulate(trace, make_policy(name, cost, **opts))
             if max(r.finished - r.request.arrival for r in res.records) <= worst + 1e-9:
                 assert sum(not r.met for r in res.records) >= bound, (trial, name)
@@ -241,7 +241,7 @@ def test_the_joint_bound_is_never_beaten_by_a_policy_that_keeps_the_limits():
         k = allowed_above(len(trace), 90.0)
         bound = min_misses_tail([trace], cost, worst, p90, k)
         assert sum(not r.met for r in fifo.records) >= bound
-        for name, opts in (("slo", {}), ("slo", {"order": "fifo"}), ("srtf", {})):
+        for name, opts in (("slo", {}), ("slo", {"tail": "fifo"}), ("srtf", {})):
             res = simulate(trace, make_policy(name, cost, **opts))
             fl = [r.finished - r.request.arrival for r in res.records]
             if max(fl) <= worst + 1e-9 and sum(f > p90 + 1e-9 for f in fl) <= k:

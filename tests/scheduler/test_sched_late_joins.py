@@ -1,6 +1,8 @@
-"""slo's late joiners (issue 13, session 11): with ``late_joins_free`` a request already
-given up joins an on-time request's step only if it takes none of that request's slack —
-hand-computed schedules."""
+"""slo's late joiners and the forecast in the give-up rule (issue 13, session 11): a request
+already given up joins an on-time request's step while that request keeps slack >= 0 after
+it; forecast work alone can set a request aside — hand-computed schedules.
+(``late_joins_free``, a joiner taking no slack at all, and ``give_up_forecast``, were
+measured, not adopted, and removed in session 17.)"""
 
 import pytest
 from sched_factories import PAGE, forecast_trace_finish, req, table_cost
@@ -33,25 +35,9 @@ def test_late_joiner_takes_an_on_time_requests_slack_by_default():
                               "B": pytest.approx(4.2)}
 
 
-def test_late_joins_free_keeps_the_on_time_request():
-    """``late_joins_free``: a pair step leaves A 0.6 s less slack than A's step alone, so L
-    never joins. A runs 0–3 alone; at 3.0 B (due 4.5) and A (due 5.5, 1 step left) both
-    fit (1 <= 1.5, 2 <= 2.5): B 3–4, A 4–5 (met), then L alone 5–9."""
-    assert finish_times(late_joins_free=True) == {"L": pytest.approx(9.0),
-                                                  "A": pytest.approx(5.0),
-                                                  "B": pytest.approx(4.0)}
-
-
-def test_give_up_forecast_none_keeps_a_request_the_forecast_alone_overruns():
+def test_the_forecast_alone_can_give_a_request_up():
     """Steps of 1 s, one request a step; the forecast charges 2 s before any deadline more
     than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5 with
-    6.5 − 2 = 4.5 left: an overrun of 0.5 s, all of it forecast work. Default: A is set
-    aside; B 0–1, C (arrives 1, due 2.5) 1–2, D (arrives 2, due 9, on time) 2–4, late A
-    4–8 (missed). ``give_up_forecast="none"``: A is kept (the overrun at 1 and 2 is within
-    the forecast's 2 s too: 1.5, then 1.5 at A and 1 at D): B 0–1, C 1–2, A 2–6 (met),
-    D 6–8 (met). ``"unstarted"``: A has not started at 0, so as the default."""
-    default = {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0}
-    assert forecast_trace_finish() == pytest.approx(default)
-    assert forecast_trace_finish(give_up_forecast="unstarted") == pytest.approx(default)
-    assert forecast_trace_finish(give_up_forecast="none") == pytest.approx(
-        {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0})
+    6.5 − 2 = 4.5 left: an overrun of 0.5 s, all of it forecast work, and A is set aside:
+    B 0–1, C (arrives 1, due 2.5) 1–2, D (arrives 2, due 9, on time) 2–4, late A 4–8."""
+    assert forecast_trace_finish() == pytest.approx({"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})

@@ -36,11 +36,11 @@ def test_node_policies_check_their_options_too():
 def test_opt_values_are_json_none_or_the_bare_string():
     from ditmem.scheduler.cli import parse_options
 
-    got = parse_options(["slo.order=edf", 'slo.tail="fifo"', "slo.packing=0.5",
-                         "slo.batching=false", "slo.beta=None"])
-    assert got == {"slo": {"order": "edf", "tail": "fifo", "packing": 0.5,
-                           "batching": False, "beta": None}}
-    for bad in ("slo.order", ".order=edf", "slo.=1"):
+    got = parse_options(["slo.late_rank=lane", 'slo.tail="fifo"', "slo.packing=0.5",
+                         "slo.batching=false", "slo.late_tile_margin=None"])
+    assert got == {"slo": {"late_rank": "lane", "tail": "fifo", "packing": 0.5,
+                           "batching": False, "late_tile_margin": None}}
+    for bad in ("slo.late_rank", ".late_rank=lane", "slo.=1"):
         with pytest.raises(ValueError, match="expected POLICY.KEY=VALUE"):
             parse_options([bad])
 
@@ -48,7 +48,7 @@ def test_opt_values_are_json_none_or_the_bare_string():
 def test_a_bare_string_the_policy_does_not_take_is_named_by_it():
     from ditmem.scheduler.cli import parse_options
 
-    opts = parse_options(["slo.order=edf"])["slo"]
-    assert make_policy("slo", CostModel.load("h200"), **opts).order == "edf"
-    with pytest.raises(ValueError, match="order"):
-        make_policy("slo", CostModel.load("h200"), **parse_options(["slo.order=lifo"])["slo"])
+    opts = parse_options(["slo.late_rank=lane"])["slo"]
+    assert make_policy("slo", CostModel.load("h200"), **opts).late_rank == "lane"
+    with pytest.raises(ValueError, match="late_rank"):
+        make_policy("slo", CostModel.load("h200"), **parse_options(["slo.late_rank=lifo"])["slo"])

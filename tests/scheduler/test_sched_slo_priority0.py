@@ -1,6 +1,6 @@
 """slo's priority-0 and late-request rules, hand-computed: the give-up swap (``shield0``),
 the targeted promotion of an at-risk priority-0 request (``rescue0``) and the order of late
-requests (``alive_first``). A 512² step costs 1 s."""
+requests (``late_rank``). A 512² step costs 1 s."""
 
 import pytest
 from sched_factories import PAGE, HandEngine, req, table_cost
@@ -82,14 +82,11 @@ def test_late_requests_that_can_still_make_it_alone_run_first():
         eng.arrive(req(f"F{i}", t, steps=1, slo_ms=3_000, cost=cost))
     # L needs 4 s by 15 s: feasible alone, but not with 1.6 s forecast ahead of it (late).
     eng.arrive(req("L", 10.0, steps=4, slo_ms=5_000, cost=cost))
-    # (alive_first orders the late requests of the deadline order, order="edf")
-    alive = make_policy("slo", cost, order="edf").schedule(10.0, eng.view())
-    lane = make_policy("slo", cost, order="edf", alive_first=False).schedule(10.0, eng.view())
+    # late_rank="lane" (default) runs L first; "arrival" the oldest late request
+    alive = make_policy("slo", cost).schedule(10.0, eng.view())
+    oldest = make_policy("slo", cost, late_rank="arrival").schedule(10.0, eng.view())
     assert alive.batch == ["L"]
-    assert lane.batch == ["F0"]
-    # order="fifo": with nothing on time, the oldest request runs; the default is "edf"
-    assert make_policy("slo", cost, order="fifo").schedule(10.0, eng.view()).batch == ["F0"]
-    assert make_policy("slo", cost).schedule(10.0, eng.view()).batch == ["L"]
+    assert oldest.batch == ["F0"]
 
 
 def test_explain_misses_reports_what_ran_in_the_window():
@@ -171,9 +168,8 @@ def test_forecast_shield0_keeps_a_priority0_request_the_forecast_would_give_up()
     assert not late_at_10(2, forecast_shield0=True)
     # Forecast priority-0 arrivals outrank nobody: L is given up either way.
     assert late_at_10(0, forecast_shield0=True)
-    for bad in ({"forecast": False}, {"forecast_by_priority": True}):
-        with pytest.raises(ValueError, match="forecast_shield0"):
-            make_policy("slo", cost, forecast_shield0=True, **bad)
+    with pytest.raises(ValueError, match="forecast_shield0"):
+        make_policy("slo", cost, forecast_shield0=True, forecast=False)
 
 
 def test_lone_p0_unpacked_counts_a_shapeless_p0_request_at_batch1():

@@ -13,7 +13,7 @@ def tail_flows(load_benchmark):
 
 
 def test_what_slo_did_on_a_hand_schedule(tail_flows):
-    """The schedule of ``test_sched_late_order``'s decode case (default slo, 512²: 1 s a
+    """The schedule of ``test_sched_late_order``'s late-share decode case (default slo, 512²: 1 s a
     step, decode 4 tiles of 0.5 s): L1 (2 steps, due 1) is given up at its arrival, 0,
     before any step; L2 (6 steps, due 1.5, arrives 0.5) at the decision at 1, with all 6
     left. L1's steps run 0–2, L2's 2–7 and 7.5–8.5 (one late tile of L1 at 7); a request
