@@ -190,7 +190,9 @@ def predict(trace, policy: str, profile: str, page_bytes: int, pool_pages: int,
 def trace_limits(trace, cost) -> dict:
     """What the trace itself allows: the spread of standalone times, the offline bound on
     attainment (no policy can do better, packed steps charged in full:
-    ``scheduler.bound.min_misses_packed``) and a clairvoyant schedule's attainment."""
+    ``scheduler.bound.min_misses_packed``) and a clairvoyant schedule's attainment; and its
+    own load at ``cost``'s times (``trace_load``: its arrival rate, as ``run_summary``
+    counts it, x its mean standalone time — a finite sample's, not the requested one)."""
     import dataclasses
 
     from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed
@@ -198,7 +200,10 @@ def trace_limits(trace, cost) -> dict:
     reqs = [dataclasses.replace(r) for r in trace]
     alone = [cost.standalone_time(r) for r in reqs]
     n = len(reqs)
-    return {"standalone_ratio": max(alone) / min(alone),
+    arrivals = sorted(r.arrival for r in reqs)
+    span = arrivals[-1] - arrivals[0]
+    load = (n - 1) / span * sum(alone) / n if span > 0 else float("nan")
+    return {"standalone_ratio": max(alone) / min(alone), "trace_load": load,
             "bound_attainment": 1 - min_misses_packed(reqs, cost) / n,
             "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
 
@@ -244,7 +249,7 @@ def main(args) -> int:
         results[name]["sim_p95_s"] = sim["p95_s"]
         results[name]["sim_p50_s"] = sim["p50_s"]
         results[name]["vs_profile"] = o["vs_profile"]
-        results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])
+        results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])  # nominal
         results[name]["at_run_speed"] = one_device_references(
             trace, CostModel.load(args.profile).profile, speed_factors(o["vs_profile"]), name,
             o["page_bytes"], o["num_pages"],
@@ -266,7 +271,8 @@ def main(args) -> int:
     print("the run vs its start-up profile (in-run seconds / the profile's, summed per kind; "
           "the load the run measured beside the requested one):")
     for name, res in results.items():
-        print("\n".join(report(name, res["vs_profile"], args.load, res["measured_load"])))
+        print("\n".join(report(name, res["vs_profile"], args.load, res["measured_load"],
+                                trace_load=meta["trace_load"])))
     print(f"largest / smallest standalone time: {meta['standalone_ratio']:.1f}x; "
           f"offline bound for this trace: any policy <= {100 * meta['bound_attainment']:.1f}%"
           f"; clairvoyant EDF reaches {100 * meta['clairvoyant_attainment']:.1f}% "
