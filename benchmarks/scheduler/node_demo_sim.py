@@ -1,7 +1,7 @@
 """The two-device demo's trace in the node simulator: fifo, slo and slo variants over seeds.
 
     python benchmarks/scheduler/node_demo_sim.py [--seeds 0-9] [--profiles run6,run5]
-        [--variants "fifo;slo;slo:urgent=0.5"] [--job-latency S] [--json OUT]
+        [--variants "fifo;slo;slo:min_gain=0.05"] [--job-latency S] [--json OUT]
 
 ``ditmem demo --devices 2`` replays seed-mix ÷ 2 at ρ 0.8 (150 requests, Poisson) on two
 device workers, with the profile measured at its start; its targets (``ditmem.tools.
@@ -12,11 +12,11 @@ for each seed and each saved demo profile (benchmarks/parallel/results/
 demo_devices2_run*_profile.json), every policy simulated with timing noise on (3 %,
 seeded), beside the trace's offline attainment bound and P95 floor (``limits``). The
 baseline is ``fifo`` on two static single-device replicas, in the same run. A variant is
-``policy[:option=value,...]`` (node policy options; ``slo:decode_aware=False,
-decode_guard=False,urgent=0.5`` is session 5's rule); ``;`` separates variants. The
-table: per profile and seed, attainment / P95 / P99 per variant and whether the three
-targets hold (``y``/``-``: attainment, P95, P99); then per variant the count of
-(profile, seed) traces meeting each target, mean attainment and mean P95 / fifo's.
+``policy[:option=value,...]`` (node policy options, e.g. ``slo:order_slack=0.0``); ``;``
+separates variants. The table: per profile and seed, attainment / P95 / P99 per variant
+and whether the three targets hold (``y``/``-``: attainment, P95, P99); then per variant
+the count of (profile, seed) traces meeting each target, mean attainment and mean P95 /
+fifo's.
 Profile run4 (speed-ups below 1: a loaded machine) is left out by default.
 ``--job-latency S`` sets every profile's ``links.job_latency_s`` (each job's fixed cost
 besides its stages, paid by the simulated devices and priced by the policies) to S s.
@@ -60,9 +60,9 @@ from ditmem.scheduler.noise import TimingNoise
 from ditmem.tools.node_demo import build_trace, limits, targets
 
 RESULTS = Path(__file__).resolve().parents[1] / "parallel" / "results"
-#: the baselines, slo with session 5's rules (on this loop), and slo
-DEFAULT_VARIANTS = ("fifo;srtf;elastic-np;slo:decode_aware=False,decode_guard=False,urgent=0.5;"
-                    "slo")
+#: the baselines and slo (session 5's rules, once a variant here, were options until session
+#: 17: ``git show 97f9a1a:benchmarks/scheduler/node_demo_sim.py``)
+DEFAULT_VARIANTS = "fifo;srtf;elastic-np;slo"
 log = logging.getLogger("node_demo_sim")
 
 

@@ -88,23 +88,20 @@ def test_decode_guard_lets_a_request_due_first_go_before_an_urgent_last_step():
     """P is urgent (slack 27 − 20 − 5 = 2 s, under half its 27-s window) and goes first by
     the urgent rule; W (512², due at 23.25: slack 2 s, not urgent: half its 3.25-s window
     is 1.625 s) is due before it. Device 1 is the only free one, device 0
-    is held until t=30: P's 5-s job there would make W miss (EDF runs W first). With the
-    guard W gets device 1 (and P waits for it: W ends at 21.25, P then at 26.25 < 27);
-    without it P takes device 1."""
+    is held until t=30: P's 5-s job there would make W miss (EDF runs W first). The guard
+    gives W device 1 (and P waits for it: W ends at 21.25, P then at 26.25 < 27)."""
     nc, node, running, paused = _setup(27.0)
     w = _small("W", 20.0, 23.25, nc)
     view = _view(nc, 20.0, paused=[paused], waiting=[w], running=[running])
     pol = make_node_policy("slo", nc, node, forecast=False)
     assert _batches(pol.schedule(view)) == [["W"]]
-    pol = make_node_policy("slo", nc, node, forecast=False, decode_guard=False)
-    assert _batches(pol.schedule(view)) == [["P"]]
 
 
 def test_decode_guard_keeps_a_device_for_the_next_arrival():
     """The policy has seen W (slack 2 s: the tightest). Later, with W gone, P (not urgent:
     deadline 100) would run its 5-s last step and decode on device 1 while device 0 is held
     until t=30: an arrival like W would find no device within its slack, so P waits (the
-    plan is empty). Urgent, P goes (deadline 27, window 27); without the guard it goes."""
+    plan is empty). Urgent, P goes (deadline 27, window 27)."""
     nc, node, running, paused = _setup(100.0)
     w = _small("W", 20.0, 23.25, nc)
     pol = make_node_policy("slo", nc, node, forecast=False)
@@ -115,37 +112,28 @@ def test_decode_guard_keeps_a_device_for_the_next_arrival():
     pol.schedule(_view(nc, 20.0, paused=[urgent], waiting=[w], running=[running]))
     assert _batches(pol.schedule(_view(nc, 20.0, paused=[urgent], running=[running]))) == [
         ["P"]]
-    nc, node, running, paused = _setup(100.0)
-    pol = make_node_policy("slo", nc, node, forecast=False, decode_guard=False)
-    pol.schedule(_view(nc, 20.0, paused=[paused], waiting=[w], running=[running]))
-    assert _batches(pol.schedule(_view(nc, 20.0, paused=[paused], running=[running]))) == [
-        ["P"]]
 
 
-def test_batch_join_counts_the_decodes_ahead_of_the_joiner():
-    """One device at t=5: J (512², 1 step, due at 6.45: slack 0.2 s) goes first by
-    deadline; A (512², 1 step left, due at 10) would join J's step (two 512² cost 1 s
-    here, as one). Both decode in that job (0.25 s each), so J would end 1 + 0.5 s after
-    now, past its deadline with A's decode counted; without it 1.25 s, in time.
-    ``decode_aware`` refuses the join; without it A joins. (The order by deadline is pinned,
-    ``order_slack=1``: with ``urgent=0`` this test is about the join, not the order.)"""
+@pytest.mark.parametrize("j_deadline, batches", [(6.45, [["J"]]), (6.55, [["J", "A"]])])
+def test_batch_join_counts_the_decodes_ahead_of_the_joiner(j_deadline, batches):
+    """One device at t=5: J (512², 1 step) goes first (by deadline, and urgent); A (512², 1
+    step left, due at 10) would join J's step (two 512² cost 1 s here, as one). Both decode
+    in that job (0.25 s each, one after the other), so with A's decode counted J would end
+    1 + 0.5 s after now: past J's deadline at 6.45 (A is refused; without A's decode, 6.25,
+    it would be in time), within it at 6.55 (A joins). No margin (``margin=0``)."""
     nc = node_cost(decode_s_per_mp=1.0 / MP_1024,
                    batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.0}])
     node = Node(1, nc.links)
     a = req("A", 0, size=512, steps=4, cost=nc.cost)
     a.deadline = 10.0
-    j = _small("J", 5.0, 6.45, nc)
+    j = _small("J", 5.0, j_deadline, nc)
     queue = WaitingQueue()
     queue.push(j)
     view = NodeView(5.0, node, 0b1, [NodeStatus(a, steps_done=3, group=node.groups(1)[0],
                                                 pages=1)], [], queue, [1000], 10_000,
                     nc.cost.page_bytes, None, [5.0])
-    pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0, urgent=0.0,
-                           order_slack=1.0)
-    assert _batches(pol.schedule(view)) == [["J"]]
-    pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0, urgent=0.0,
-                           order_slack=1.0, decode_aware=False)
-    assert _batches(pol.schedule(view)) == [["J", "A"]]
+    pol = make_node_policy("slo", nc, node, forecast=False, margin=0.0)
+    assert _batches(pol.schedule(view)) == batches
 
 
 class _Recorder(NodePolicy):

@@ -186,25 +186,23 @@ def test_slo_does_not_move_a_paused_request_off_a_device_mid_step():
     assert pol.schedule(view(10.0)).assignments == []
     plan = pol.schedule(view(0.5))
     assert [(a.group, a.batch) for a in plan.assignments] == [(Group(1, 1), ["p"])]
-    strict = make_node_policy("slo", nc, node, forecast=False, move_wait=0.0)
-    assert strict.schedule(view(0.5)).assignments == []
 
 
 def test_slo_moves_an_urgent_request_off_a_busy_device_whatever_the_wait():
-    """As above, but p's deadline is 5 s away with 3 s of work left (slack 2 s < half its
-    5 s window, with ``urgent`` = 0.5): urgent, it is moved to device 1 even though the
-    copy waits 10 s for device 0 (else a request spread over busy devices could wait for
-    ever)."""
+    """As above, but p's deadline is 4.5 s away with 3 s of work left (slack 1.5 s < 0.35 of
+    its 4.5-s window): urgent, it is moved to device 1 even though the copy waits 10 s for
+    device 0, more than one of its steps (else a request spread over busy devices could
+    wait for ever)."""
     nc = node_cost()
     node = Node(2, nc.links)
-    p = req("p", 0, size=512, steps=4, slo_ms=5_000, cost=nc.cost)
+    p = req("p", 0, size=512, steps=4, slo_ms=4_500, cost=nc.cost)
     q = req("q", 0, size=1024, steps=4, slo_ms=60_000, cost=nc.cost)
     paused = NodeStatus(p, steps_done=1, group=Group(1, 0), pages=1)
     running = NodeStatus(q, steps_done=1, group=Group(1, 0), pages=1, running=True,
                          job_end=10.0)
     view = NodeView(0.0, node, 0b10, [paused], [running], WaitingQueue(), [100, 100], 100,
                     PAGE, None, [10.0, 0.0])
-    pol = make_node_policy("slo", nc, node, forecast=False, move_wait=0.0, urgent=0.5)
+    pol = make_node_policy("slo", nc, node, forecast=False)
     plan = pol.schedule(view)
     assert [(a.group, a.batch) for a in plan.assignments] == [(Group(1, 1), ["p"])]
 

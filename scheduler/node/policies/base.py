@@ -20,9 +20,6 @@ class NodePolicy:
     #: (``take_back``), and how many waiting requests (by deadline) that rule looks at
     split_yield = False
     yield_window = 16
-    #: fraction of a request's remaining time added when judging whether it misses without
-    #: a spare (timing error)
-    yield_margin = 0.0
     #: steps each job this policy launches holds (None: a request's whole rest in one job):
     #: how many times a remaining time pays the links' ``job_latency_s``
     #: (``NodeCost.remaining``'s ``steps_per_job``)
@@ -64,7 +61,7 @@ class NodePolicy:
             if not spares:
                 break
             need = ncost.remaining(req, done, 1, self.steps_per_job)
-            if first_free + need * (1 + self.yield_margin) <= req.deadline:
+            if first_free + need <= req.deadline:
                 continue  # it makes it without a spare
             for sp in spares:
                 if sp.taken_free_at >= sp.free_at - 1e-9:

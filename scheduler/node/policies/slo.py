@@ -31,11 +31,12 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    per weight² is set aside as late (Moore–Hodgson, priorities 3:2:1). A request that
    cannot make it even at the largest degree is late too. Late requests still run, after
    on-time ones (those still able to finish at the node's best degree first, then the
-   shortest per weight); one overdue by ``aging`` SLO windows goes first (no starvation).
-3. **Urgent first.** On-time requests with less than ``urgent`` of their SLO window left as
-   slack are placed first, by deadline, at their needed degree.
-4. **Parallel targets.** The ``longest`` requests that scale (degree 4 at parallel
-   efficiency ≥ ``efficiency``), largest per-step time first (the large tier, whose run
+   shortest per weight); one overdue by ``AGING`` (10) SLO windows goes first (no
+   starvation).
+3. **Urgent first.** On-time requests with less than ``URGENT`` (0.35) of their SLO window
+   left as slack are placed first, by deadline, at their needed degree.
+4. **Parallel targets.** The ``LONGEST`` (2) requests that scale (degree 4 at parallel
+   efficiency ≥ ``EFFICIENCY``, 0.65), largest per-step time first (the large tier, whose run
    time sets the P95; earliest deadline within a tier), get
    the largest degree of at least that efficiency that leaves every other on-time request
    feasible on the devices left while it runs (device-seconds by deadline) — on their own
@@ -44,7 +45,7 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    **Latency goal** (``goal`` > 0, off by default): the P95 of a mix is the run time of
    its largest tier, so step 4 may instead aim each scaling request at finishing within
    ``goal`` × its SLO window. Those that still can (the least degree of efficiency ≥
-   ``efficiency`` meeting the goal with ``margin``) are targets by goal (i.e. by
+   ``EFFICIENCY`` meeting the goal with ``margin``) are targets by goal (i.e. by
    arrival within a tier) at that least degree, while the node's D devices last and
    ``_fits`` holds; a target whose group is not free reserves it (its own group's
    enclosing one when free of this decision's jobs, never one holding another scaling
@@ -97,30 +98,30 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    a paused request resumes on any group (peer copy, re-sharding), and memory is made by
    parking paused requests on the host (``Placer``).
 
-**Long decodes** (``decode_aware``, ``decode_guard``; on by default). A job ends with the
-decodes of the members whose last step it runs, single-device stages run round-robin over
-its group (on the two-device demo's CPU profile a 1024² decode lasts 20 of its steps and
-a 512²'s 40; on h200 a seventh of a step); each device goes back as its own decodes end.
-So a batch join counts the decodes of the members finishing no later on its degree-1 step
-(``decode_aware``); and a
-job waits (``_holds_back``) where, while it runs, every device outside its group would be
-held (running, or given a job in this decision) past the slack of a request that then finds
-no device: an on-time one due earlier and not placed yet (the urgent rule would otherwise
-put a long last step before it), or, for a last step not urgent, the next arrival (the
-tightest slack seen). Two 1024² decodes at once on the demo's two devices made every small
-arrival meanwhile miss. Seed-mix ÷ 2 on the demo's profiles, 10 seeds: attainment 91.0 →
-98.3 % (docs/results/node.md, Session 6); on 8 × h200 no change beyond noise. Until session
-7 a job held its whole group until every decode in it ended, and ``decode_aware`` also ran
-a last step with a long decode at degree 1 (a degree-2 one idled the second device for the
-decode); with each device handed back as its work ends that cap no longer helped (30
-demo traces: 12 → 14 at ≥ 99 %, mean 98.18 → 98.29 % without it; docs/results/parallel.md,
-Session 7) and is gone.
+**Long decodes.** A job ends with the decodes of the members whose last step it runs,
+single-device stages run round-robin over its group (on the two-device demo's CPU profile a
+1024² decode lasts 20 of its steps and a 512²'s 40; on h200 a seventh of a step); each
+device goes back as its own decodes end. So a batch join counts the decodes of the members
+finishing no later on its degree-1 step (``_decodes_before``); and a job waits (the decode
+guard, ``_holds_back``) where, while it runs, every device outside its group would be held
+(running, or given a job in this decision) past the slack of a request that then finds no
+device: an on-time one due earlier and not placed yet (the urgent rule would otherwise put
+a long last step before it), or, for a last step not urgent, the next arrival (the tightest
+slack seen). Two 1024² decodes at once on the demo's two devices made every small arrival
+meanwhile miss. Seed-mix ÷ 2 on the demo's profiles, 10 seeds: attainment 91.0 → 98.3 %
+(docs/results/node.md, Session 6); on 8 × h200 no change beyond noise. Both were options
+until session 17 (each off: 97.56 % and 97.22 % against 98.18 % on 30 demo traces,
+docs/results/parallel.md, Session 7). Until session 7 a job held its whole group until
+every decode in it ended, and a last step with a long decode also ran at degree 1 (a
+degree-2 one idled the second device for the decode); with each device handed back as its
+work ends that cap no longer helped (30 demo traces: 12 → 14 at ≥ 99 %, mean 98.18 →
+98.29 % without it; docs/results/parallel.md, Session 7) and is gone.
 
 A move needs every device it reads from and writes to. A paused request whose state is on
 devices still running another job's step (``Placer.stuck``) goes to a group holding those
 devices when one is free; else it is moved only when the wait for that step (it idles the
-new group meanwhile; the loop predicts it) is at most ``move_wait`` of its own steps at the
-new degree, or at once when it is urgent or late — otherwise it waits for the next
+new group meanwhile; the loop predicts it) is at most ``MOVE_WAIT`` (one) of its own steps
+at the new degree, or at once when it is urgent or late — otherwise it waits for the next
 decision (refusing every such move starves a request whose old group is never free all at
 once: the maximum latency went from 66 s to 605 s in a trial; with the limit alone a 512²
 spread over 8 devices waited 88 s). Such requests are never parked to make room. Moves
@@ -147,6 +148,22 @@ from .base import NodePolicy, Placer, best_group
 from .tier_goal import TierGoals, tier_of
 
 INF = float("inf")
+
+# Tuning numbers. Each was an option until session 17; every other value tried was no better
+# (docs/results/node.md, "Session 17: options removed").
+#: weight exponent of the give-up rule (step 2: priorities 3:2:1 weigh 9:4:1)
+GIVE_UP_POWER = 2.0
+#: an on-time request with less than this fraction of its SLO window left as slack is urgent
+URGENT = 0.35
+#: step 4's parallel targets per decision (without a latency goal)
+LONGEST = 2
+#: least parallel efficiency at degree 4 for a request to scale (step 4)
+EFFICIENCY = 0.65
+#: SLO windows past its deadline after which a late request goes first (no starvation)
+AGING = 10.0
+#: longest wait for a paused request's busy devices that a move may take, in its steps at the
+#: new degree (any wait when it is urgent or late)
+MOVE_WAIT = 1.0
 
 
 class _Cand:
@@ -178,31 +195,24 @@ class _Cand:
 
 class NodeSloPolicy(NodePolicy):
     """See the module docstring. Options: ``window`` (waiting requests looked at),
-    ``give_up_power`` (weight exponent of the give-up rule), ``forecast``, ``urgent``
-    (fraction of the SLO window), ``longest`` and ``efficiency`` (step 4), ``reserve``
-    (step 5), ``batching``, ``min_gain`` and ``margin`` (step 6: fraction of a member's
-    remaining time kept spare for timing error), ``spare`` (step 7), ``aging`` (SLO windows
-    past the deadline before a late request goes first), ``move_wait`` (the longest wait for
-    a paused request's busy devices a move may take, in its steps at the new degree),
-    ``park`` (park displaced paused requests on the host), ``order_slack`` (step 5's
-    order, in [0, 1]: 0 by arrival, 1 by deadline), ``decode_aware`` and
-    ``decode_guard`` (long decodes: see the module docstring),
-    ``guard``, ``guard_degree``,
+    ``forecast`` (step 2's expected work of future arrivals), ``batching``, ``min_gain`` and
+    ``margin`` (step 6: fraction of a member's remaining time kept spare for timing error),
+    ``park`` (park displaced paused requests on the host), ``order_slack`` (step 5's order,
+    in [0, 1]: 0 by arrival, 1 by deadline), ``guard``, ``guard_degree``,
     ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
     (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO window; 0: off),
     ``tier_goal``, ``tier_goal_percentile`` and ``tier_goal_window`` (step 4's goal
     measured per tier instead: ``tier_goal.TierGoals``),
     ``split_decodes`` (on: a job with fewer decodes than devices spreads each
     decode's tiles over the spare ones: ``node.device.decode_devices``; its last job is
-    then priced with the split decode), ``split_yield`` (on: the loop may take those spare
-    devices back between tiles for a request that would miss otherwise:
-    ``NodePolicy.take_back``; ``yield_margin``: fraction of that request's remaining time
-    added when judging it; session 9, 30 demo traces: 98.31 % attainment and P95 0.92 ×
-    fifo's, against 98.13 % / 0.97 × without the split), ``late_fill`` (off: late
-    requests run before the on-time rest of step 5 while every on-time one stays
-    feasible: ``_fill``), ``late_ride`` (None: off; else a late request joins a degree-1
-    step in step 6 only while that step lasts at most ``late_ride`` × its own step alone:
-    a late 256² riding a 1024²'s steps takes 28 of them, 0.15 s each instead of 9 ms)."""
+    then priced with the split decode) and ``split_yield`` (on: the loop may take those
+    spare devices back between tiles for a request that would miss otherwise:
+    ``NodePolicy.take_back``; session 9, 30 demo traces: 98.31 % attainment and P95 0.92 ×
+    fifo's, against 98.13 % / 0.97 × without the split). The tuning numbers that were
+    options until session 17 are the module constants above (``GIVE_UP_POWER``,
+    ``URGENT``, ``LONGEST``, ``EFFICIENCY``, ``AGING``, ``MOVE_WAIT``); the rules that
+    were switches (the decode guard and join count, step 5's reservation, step 7) always
+    run (docs/results/node.md, "Session 17: options removed")."""
 
     name = "slo"
 
@@ -212,21 +222,11 @@ class NodeSloPolicy(NodePolicy):
         node: Node,
         *,
         window: int = 64,
-        give_up_power: float = 2.0,
         forecast: bool = True,
-        urgent: float = 0.35,
-        longest: int = 2,
-        efficiency: float = 0.65,
-        reserve: bool = True,
         batching: bool = True,
         min_gain: float = 0.1,
-        spare: bool = True,
-        aging: float = 10.0,
         margin: float = 0.1,
-        move_wait: float = 1.0,
         park: bool = True,
-        decode_aware: bool = True,
-        decode_guard: bool = True,
         order_slack: float = 1.0,
         guard: bool = False,
         guard_degree: int = 1,
@@ -236,34 +236,20 @@ class NodeSloPolicy(NodePolicy):
         guard_yield_priority: int = 0,
         split_decodes: bool = True,
         split_yield: bool = True,
-        yield_margin: float = 0.0,
         goal: float = 0.0,
         tier_goal: bool = False,
         tier_goal_percentile: float = 95.0,
         tier_goal_window: int = 100,
-        late_fill: bool = False,
-        late_ride: float | None = None,
     ):
         super().__init__(ncost, node)
         self.split_decodes = split_decodes
         self.split_yield = split_yield
-        self.yield_margin = yield_margin
         self.window = window
-        self.give_up_power = give_up_power
         self.forecast = ArrivalForecast() if forecast else None
-        self.urgent = urgent
-        self.longest = longest
-        self.efficiency = efficiency
-        self.reserve = reserve
         self.batching = batching
         self.min_gain = min_gain
-        self.spare = spare
-        self.aging = aging
         self.margin = margin
-        self.move_wait = move_wait
         self.park = park
-        self.decode_aware = decode_aware
-        self.decode_guard = decode_guard
         if not 0.0 <= order_slack <= 1.0:
             raise ValueError(f"order_slack must be in [0, 1], got {order_slack}")
         self.order_slack = order_slack
@@ -295,10 +281,6 @@ class NodeSloPolicy(NodePolicy):
         #: ids counted late in the last decision (``late_ids``)
         self._late: tuple[str, ...] = ()
         self._static: dict[str, tuple] = {}
-        self.late_fill = late_fill
-        if late_ride is not None and not late_ride >= 1.0:
-            raise ValueError(f"late_ride must be None or >= 1, got {late_ride}")
-        self.late_ride = late_ride
         self.guard = guard
         self.guard_degree = guard_degree
         self.guard_margin = guard_margin
@@ -350,11 +332,10 @@ class NodeSloPolicy(NodePolicy):
         still on time."""
         heap: list[tuple[float, int, _Cand]] = []
         work = 0.0
-        power = self.give_up_power
         for n, c in enumerate(ontime):
             c.cap = self._capacity(c.req.deadline - now, now)
             work += c.work
-            heapq.heappush(heap, (-c.work / c.req.weight**power, n, c))
+            heapq.heappush(heap, (-c.work / c.req.weight**GIVE_UP_POWER, n, c))
             while heap and work > c.cap + 1e-9:
                 victim = heapq.heappop(heap)[2]
                 victim.late = True
@@ -445,22 +426,21 @@ class NodeSloPolicy(NodePolicy):
         cands += [
             self._cand(r, r, 0, None, now) for r in view.waiting.iter_by("deadline", self.window)
         ]
-        if self.decode_guard:
-            best = len(self.node.degrees) - 1
-            for c in cands:
-                if not c.started:
-                    window = c.req.deadline - c.req.arrival
-                    slack = window - c.steps_left * (c.step(best) + c.lat) - c.dec - c.enc
-                    if slack > 0:  # one that cannot make it alone is late: it finds no
-                        self._tight = min(self._tight, slack)  # device in time anyway
-            self._now = now
-            # Only running jobs hold a device (each ends in a completion, so a request held
-            # back is decided on again; a predicted send may outlast its job).
-            self._until = [now] * self.node.devices
-            for s in view.running:
-                if s.group is not None:
-                    for d in s.group.devices:
-                        self._until[d] = max(self._until[d], s.job_end)
+        best = len(self.node.degrees) - 1
+        for c in cands:
+            if not c.started:
+                window = c.req.deadline - c.req.arrival
+                slack = window - c.steps_left * (c.step(best) + c.lat) - c.dec - c.enc
+                if slack > 0:  # one that cannot make it alone is late: it finds no
+                    self._tight = min(self._tight, slack)  # device in time anyway
+        self._now = now
+        # Only running jobs hold a device (each ends in a completion, so a request held
+        # back is decided on again; a predicted send may outlast its job).
+        self._until = [now] * self.node.devices
+        for s in view.running:
+            if s.group is not None:
+                for d in s.group.devices:
+                    self._until[d] = max(self._until[d], s.job_end)
         running = [
             self._cand(s, s.request, s.steps_done + 1, s.group, now) for s in view.running
         ]
@@ -503,9 +483,6 @@ class NodeSloPolicy(NodePolicy):
         if self._goal_lost:
             lost = sorted(self._goal_lost, key=lambda c: c.req.arrival)
             left += self._place_all(placer, view, lost, placed, done)
-        if self.late_fill and late and not starving:
-            left += self._place_all(placer, view, self._fill(now, late, everyone, done),
-                                    placed, done)
         rest = [c for c in ontime if id(c) not in done]
         if self.order_slack != 1.0:
             rest.sort(key=self._rest_key)
@@ -513,8 +490,7 @@ class NodeSloPolicy(NodePolicy):
         left += self._place_all(placer, view, rest, placed, done)
         if self.batching and left:
             self._batch(now, placer, placed, [c for c in left if id(c) not in done])
-        if self.spare:
-            self._upgrade(placer, placed)
+        self._upgrade(placer, placed)
         return placer.plan(park_displaced=self.park)
 
     def _place_all(self, placer: Placer, view: NodeView, order, placed, done) -> list[_Cand]:
@@ -534,7 +510,7 @@ class NodeSloPolicy(NodePolicy):
                 done.add(id(c))
                 continue
             left.append(c)
-            if self.reserve and not c.late and need > 1 and not reserved:
+            if not c.late and need > 1 and not reserved:
                 reserved = self._reserve(placer, view, need)
         return left
 
@@ -569,14 +545,12 @@ class NodeSloPolicy(NodePolicy):
         return max(parts) + blend
 
     def _holds_back(self, placer: Placer, c: _Cand, g: Group) -> bool:
-        """``decode_guard``: whether ``c``'s next job on ``g`` must wait, because while it
+        """The decode guard: whether ``c``'s next job on ``g`` must wait, because while it
         runs every device outside ``g`` is held (running a job, or given one in this
         decision) past the slack of a request that would then find no device in time:
         an on-time one due before ``c`` not placed yet (EDF), or — for ``c``'s last step
         and decode, unless ``c`` is urgent — the next arrival (the tightest slack seen).
         Never for a starving ``c``."""
-        if not self.decode_guard or not self._until:
-            return False
         now = placer.view.now
         outside = [self._until[d] for d in range(self.node.devices) if not g.mask >> d & 1]
         if not outside or self._starving(now, c):
@@ -601,15 +575,13 @@ class NodeSloPolicy(NodePolicy):
 
     def _hold(self, c: _Cand, g: Group, seconds: float | None = None) -> None:
         """Note that ``g``'s devices run ``c``'s next job from now on (``_holds_back``)."""
-        if not self._until:
-            return
         seconds = self._job_s(c, g.degree) if seconds is None else seconds
         for d in g.devices:
             self._until[d] = max(self._until[d], self._now + seconds)
 
     def _group(self, placer: Placer, c: _Cand, degree: int) -> Group | None:
         """A free group of ``degree`` for ``c``: one needing no wait for its state's devices
-        first; else one whose move waits at most ``move_wait`` × its step at ``degree`` — any
+        first; else one whose move waits at most ``MOVE_WAIT`` × its step at ``degree`` — any
         wait when ``c`` is urgent or late (else a request spread over a large group could
         wait for all of it to be free at once)."""
         stuck = placer.stuck(c.item)
@@ -618,7 +590,7 @@ class NodeSloPolicy(NodePolicy):
             return g
         view = placer.view
         wait = NodeCost.move_wait(c.home, None, view.busy_until, view.now)
-        if wait > self.move_wait * c.step(self.node.degrees.index(degree)) and not (
+        if wait > MOVE_WAIT * c.step(self.node.degrees.index(degree)) and not (
             c.late or self._urgent(view.now, c)
         ):
             return None
@@ -642,23 +614,21 @@ class NodeSloPolicy(NodePolicy):
         return False
 
     def _scales(self, c: _Cand) -> bool:
-        """Whether degree 4 runs ``c`` at parallel efficiency >= ``efficiency``."""
+        """Whether degree 4 runs ``c`` at parallel efficiency >= ``EFFICIENCY``."""
         k = self._k4
-        return k > 0 and c.tau[0] / c.tau[k] / self.node.degrees[k] >= self.efficiency
+        return k > 0 and c.tau[0] / c.tau[k] / self.node.degrees[k] >= EFFICIENCY
 
     def _urgent(self, now: float, c: _Cand, fraction: float | None = None) -> bool:
-        """Whether ``c`` has used up all but ``fraction`` (default ``urgent``) of its SLO
+        """Whether ``c`` has used up all but ``fraction`` (default ``URGENT``) of its SLO
         window as slack."""
         k = self.node.degrees.index(c.need)
-        fraction = self.urgent if fraction is None else fraction
+        fraction = URGENT if fraction is None else fraction
         return c.req.deadline - now - c.rem(k) < fraction * (c.req.deadline - c.req.arrival)
 
     def _targets(self, now: float, ontime: list[_Cand], everyone: list[_Cand]):
-        """Step 4's choice: up to ``longest`` scaling on-time requests (largest tier first,
-        by deadline within it), each at the largest degree of efficiency >= ``efficiency``
+        """Step 4's choice: up to ``LONGEST`` scaling on-time requests (largest tier first,
+        by deadline within it), each at the largest degree of efficiency >= ``EFFICIENCY``
         that ``_fits``."""
-        if self.longest <= 0:
-            return []
         if self.goal > 0 or self._tier_due:
             chosen = self._goal_targets(now, ontime, everyone)
             if chosen:
@@ -666,7 +636,7 @@ class NodeSloPolicy(NodePolicy):
                 return chosen
         pool = sorted((c for c in ontime if self._scales(c)), key=lambda c: -c.tau[0])
         crowd = sum(self._scales(c) for c in everyone)  # scaling requests on the node
-        pool = pool[: self.longest]  # the largest tier first, by deadline within it
+        pool = pool[:LONGEST]  # the largest tier first, by deadline within it
         chosen: list[tuple[_Cand, int, float]] = []
         degrees = self.node.degrees
         for big in pool:
@@ -677,7 +647,7 @@ class NodeSloPolicy(NodePolicy):
                     break
                 if d > cap:
                     continue
-                if big.tau[0] / big.tau[k] / d < self.efficiency:
+                if big.tau[0] / big.tau[k] / d < EFFICIENCY:
                     continue
                 trial = chosen + [(big, d, big.rem(k))]
                 if self._fits(now, trial, everyone):
@@ -688,7 +658,7 @@ class NodeSloPolicy(NodePolicy):
     def _goal_targets(self, now: float, ontime: list[_Cand], everyone: list[_Cand]):
         """Step 4 with ``goal``: [(request, degree)] for the scaling on-time requests that
         can still finish by arrival + ``goal`` × their SLO window, by that time, each at the
-        least degree of efficiency >= ``efficiency`` that does so with ``margin``, while
+        least degree of efficiency >= ``EFFICIENCY`` that does so with ``margin``, while
         the node's devices last and ``_fits`` holds. Sets ``_goal_lost``: those that had
         a reachable goal once (``_goal_seen``) and are not targets now."""
         degrees = self.node.degrees
@@ -706,7 +676,7 @@ class NodeSloPolicy(NodePolicy):
             else:
                 due = r.arrival + self.goal * (r.deadline - r.arrival)
             for k in range(1, len(degrees)):
-                if c.tau[0] / c.tau[k] / degrees[k] < self.efficiency:
+                if c.tau[0] / c.tau[k] / degrees[k] < EFFICIENCY:
                     lost.append(c)
                     break
                 if degrees[k] >= c.need and now + c.rem(k) * grow <= due:
@@ -818,10 +788,8 @@ class NodeSloPolicy(NodePolicy):
                         1.0 - self.min_gain) * c.tau[0]:
                     continue  # judged in the profile's units (NodeCost docstring)
                 new = cost.step_time(c.req.model, joined, 1)
-                if c.late and self.late_ride is not None and new > self.late_ride * c.step(0):
-                    continue  # ``late_ride``: no ride on a step much longer than its own
                 # Every on-time member must still finish in time if the batch stays together,
-                # with a margin for timing error; with ``decode_aware``, after the decodes of
+                # with a margin for timing error, after the decodes of
                 # the members that finish no later (on one device they run one after another).
                 group = members + [c]
                 if any(
@@ -845,9 +813,7 @@ class NodeSloPolicy(NodePolicy):
 
     def _decodes_before(self, m: _Cand, batch: list[_Cand]) -> float:
         """Seconds of the decodes of the others in ``batch`` that finish no later than ``m``
-        (its own decode waits for them on a degree-1 step; 0 without ``decode_aware``)."""
-        if not self.decode_aware:
-            return 0.0
+        (its own decode waits for them on a degree-1 step)."""
         return sum(x.dec for x in batch if x is not m and x.steps_left <= m.steps_left)
 
     def _join(self, placer: Placer, a: Assignment, c: _Cand) -> bool:
@@ -895,23 +861,6 @@ class NodeSloPolicy(NodePolicy):
             a.group = parent
             self._hold(c, parent)
 
-    def _fill(self, now: float, late: list[_Cand], everyone: list[_Cand], done) -> list:
-        """``late_fill``: the late requests (in their order) that may run before the on-time
-        rest of step 5 — while ``_fits`` says every on-time request stays feasible with each
-        of them holding one device for its whole remaining time at degree 1 (× 1 +
-        ``margin``). A late request otherwise waits behind all on-time work; on the demo's
-        two devices such waits set the P99 (a 512² given up at 51.7 s finished at 73.8 s
-        while two large on-time requests with ~10 s of slack each held both devices)."""
-        chosen: list[tuple[_Cand, int, float]] = []
-        for c in late:
-            if id(c) in done:
-                continue
-            trial = chosen + [(c, 1, c.rem(0) * (1.0 + self.margin))]
-            if len(trial) > self.node.devices or not self._fits(now, trial, everyone):
-                break
-            chosen = trial
-        return [c for c, _, _ in chosen]
-
     def _rest_key(self, c: _Cand) -> tuple:
         """Step 5's order: arrival + ``order_slack`` × the SLO window (1: deadline)."""
         r = c.req
@@ -923,7 +872,7 @@ class NodeSloPolicy(NodePolicy):
 
     def _starving(self, now: float, c: _Cand) -> bool:
         window = c.req.deadline - c.req.arrival
-        return now - c.req.deadline > self.aging * window
+        return now - c.req.deadline > AGING * window
 
     def forget(self, request_id: str) -> None:
         self._static.pop(request_id, None)
