@@ -61,7 +61,7 @@ from ditmem.tools.node_demo import build_trace, limits, targets
 
 RESULTS = Path(__file__).resolve().parents[1] / "parallel" / "results"
 #: the baselines and slo (session 5's rules, once a variant here, were options until session
-#: 17: ``git show 97f9a1a:benchmarks/scheduler/node_demo_sim.py``)
+#: 17: ``git show f6bb14a:benchmarks/scheduler/node_demo_sim.py``)
 DEFAULT_VARIANTS = "fifo;srtf;elastic-np;slo"
 log = logging.getLogger("node_demo_sim")
 
