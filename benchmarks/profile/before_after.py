@@ -52,7 +52,8 @@ def one_device_row(rows: list[dict], profile_path: Path) -> dict:
                               requests=meta["requests"], seed=meta["seed"],
                               arrival=meta["arrival"], divisor=meta["divisor"])
     cost = CostModel.load(profile_path)
-    alone = statistics.mean(cost.standalone_time(r) for r in build_trace(args, cost))
+    trace = build_trace(args, cost, meta.get("exact_load", False))
+    alone = statistics.mean(cost.standalone_time(r) for r in trace)
     by = {r["policy"]: r for r in rows}
     out = {"fifo_service_ratio": by["fifo"]["mean_service_s"] / alone,
            "measured_load": {p: r["measured_load"] for p, r in by.items()}}

@@ -48,7 +48,7 @@ def one_device(run: str) -> dict | None:
                               requests=meta["requests"], seed=meta["seed"],
                               arrival=meta["arrival"], divisor=meta["divisor"])
     cost = CostModel.load(prof)
-    trace = build_trace(args, cost)
+    trace = build_trace(args, cost, meta.get("exact_load", False))
     alone = statistics.mean(cost.standalone_time(r) for r in trace)
     out = {"run": Path(run).stem, **profile_numbers(prof), "profile_mean_alone_s": alone}
     for r in rows:

@@ -111,7 +111,8 @@ def load_cost(prof: str, job_latency: float | None = None) -> CostModel:
 
 
 def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: int = 2,
-        load: float = 0.8, requests: int = 150, job_latency: float | None = None) -> list[dict]:
+        load: float = 0.8, requests: int = 150, job_latency: float | None = None,
+        exact_load: bool = True) -> list[dict]:
     """One row per (profile, seed): the limits and each variant's numbers and targets
     (``job_latency``: ``load_cost``'s)."""
     rows = []
@@ -120,7 +121,7 @@ def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: 
         for seed in seeds:
             args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
                                          seed=seed, arrival="poisson", divisor=2)
-            trace = build_trace(args, cost, devices)
+            trace = build_trace(args, cost, devices, exact_load)
             lim = limits(trace, cost, devices)
             res = {v: simulate(v, trace, cost, devices, seed) for v in variants}
             row = {"profile": prof, "seed": seed, **lim, "policies": {}}
@@ -137,7 +138,8 @@ def run(profiles: list[str], seeds: list[int], variants: list[str], *, devices: 
 
 
 def tier_rows(profiles: list[str], seeds: list[int], spec: str, *, devices: int = 2,
-              load: float = 0.8, requests: int = 150, side: int = 1024) -> list[dict]:
+              load: float = 0.8, requests: int = 150, side: int = 1024,
+              exact_load: bool = True) -> list[dict]:
     """Per profile: the ``side``² tier of ``spec``'s records over ``seeds`` (see --tier)."""
     name, options = parse_variant(spec)
     out = []
@@ -149,7 +151,7 @@ def tier_rows(profiles: list[str], seeds: list[int], spec: str, *, devices: int 
         for seed in seeds:
             args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
                                          seed=seed, arrival="poisson", divisor=2)
-            trace = build_trace(args, cost, devices)
+            trace = build_trace(args, cost, devices, exact_load)
             topo = Node(devices, nc.links)
             policy = make_node_policy(name, NodeCost(cost), topo, **options)
             recs = simulate_node([dataclasses.replace(r) for r in trace], policy, topo,
@@ -188,7 +190,7 @@ def tier_rows(profiles: list[str], seeds: list[int], spec: str, *, devices: int 
 
 def why_rows(profiles: list[str], seeds: list[int], specs: list[str], *, devices: int = 2,
              load: float = 0.8, requests: int = 150, side: int = 1024,
-             large_only: bool = False) -> list[dict]:
+             large_only: bool = False, exact_load: bool = True) -> list[dict]:
     """Per variant: where the large requests' and the missed requests' time went (see --why),
     pooled over ``profiles`` × ``seeds``."""
     def large(q):
@@ -207,7 +209,7 @@ def why_rows(profiles: list[str], seeds: list[int], specs: list[str], *, devices
             for seed in seeds:
                 args = types.SimpleNamespace(workload="seed-mix", load=load, requests=requests,
                                              seed=seed, arrival="poisson", divisor=2)
-                trace = build_trace(args, cost, devices)
+                trace = build_trace(args, cost, devices, exact_load)
                 bar = max(0.5 * simulate("fifo", trace, cost, devices, seed)["p95_s"],
                           1.2 * limits(trace, cost, devices)["p95_floor_s"])
                 if large_only:
@@ -316,11 +318,15 @@ def main() -> int:
                          "(';' between variants; see above)")
     ap.add_argument("--large-only", action="store_true",
                     help="with --why: replay only each trace's 1024² requests")
+    ap.add_argument("--as-drawn", action="store_true",
+                    help="replay each trace as drawn, not scaled to the exact load (the demo "
+                         "before session 17; reproduces the earlier tables)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.why:
         rows = why_rows(args.profiles.split(","), parse_seeds(args.seeds), args.why.split(";"),
-                        load=args.load, requests=args.requests, large_only=args.large_only)
+                        load=args.load, requests=args.requests, large_only=args.large_only,
+                        exact_load=not args.as_drawn)
         print_why(rows)
         if args.json:
             with open(args.json, "w") as f:
@@ -328,7 +334,7 @@ def main() -> int:
         return 0
     if args.tier:
         rows = tier_rows(args.profiles.split(","), parse_seeds(args.seeds), args.tier,
-                         load=args.load, requests=args.requests)
+                         load=args.load, requests=args.requests, exact_load=not args.as_drawn)
         print_tier(rows)
         if args.json:
             with open(args.json, "w") as f:
@@ -339,7 +345,8 @@ def main() -> int:
     if "fifo" not in variants:
         variants.insert(0, "fifo")
     rows = run(args.profiles.split(","), parse_seeds(args.seeds), variants, load=args.load,
-               requests=args.requests, job_latency=args.job_latency)
+               requests=args.requests, job_latency=args.job_latency,
+               exact_load=not args.as_drawn)
     print_table(rows, variants)
     if args.json:
         with open(args.json, "w") as f:

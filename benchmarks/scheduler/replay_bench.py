@@ -61,7 +61,7 @@ from ditmem.scheduler.policies import make_policy
 from ditmem.scheduler.request import Request
 from ditmem.scheduler.simulator import simulate
 from ditmem.scheduler.tail_bound import allowed_above, min_misses_tail
-from ditmem.scheduler.workloads import with_load, workload
+from ditmem.scheduler.workloads import with_load
 
 DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
 SETTINGS = [("fifo", "fifo", {}), ("slo", "slo", {}), ("slo fifo-first", "slo", {"order": "fifo"})]
@@ -114,13 +114,13 @@ def saved_demo(path: str) -> tuple[dict[str, dict], CostModel]:
 
 def demo_trace(run: dict, cost: CostModel) -> list[Request]:
     """The requests ``ditmem demo`` built for ``run`` (its JSON row): the workload at the
-    run's load, sides divided by its divisor, arrivals and deadlines from ``cost``."""
-    reqs = workload(run["workload"], cost, load=run["load"], requests=run["requests"],
-                    seed=run["seed"], arrival=run["arrival"], scale="gpu")
-    for r in reqs:
-        r.width = max(16, r.width // run["divisor"] // 16 * 16)
-        r.height = max(16, r.height // run["divisor"] // 16 * 16)
-    return with_load(reqs, cost, run["load"], seed=run["seed"], arrival=run["arrival"])
+    run's load, sides divided by its divisor, arrivals and deadlines from ``cost``
+    (``demo.build_trace``; scaled to the exact load where the run was)."""
+    from ditmem.tools.demo import build_trace
+
+    args = argparse.Namespace(**{k: run[k] for k in ("workload", "load", "requests", "seed",
+                                                      "arrival", "divisor")})
+    return build_trace(args, cost, run.get("exact_load", False))
 
 
 def bounds(name: str, reqs: list[Request], cost: CostModel, co_present: bool = False) -> dict:

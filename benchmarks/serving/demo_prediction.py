@@ -25,19 +25,18 @@ from ditmem.scheduler.bound import clairvoyant_misses, min_misses
 from ditmem.scheduler.metrics import summarize
 from ditmem.scheduler.noise import DEFAULT_SIGMA, TimingNoise
 from ditmem.scheduler.simulator import simulate
-from ditmem.scheduler.workloads import with_load, workload
 
 ROWS = [("fifo", "inline"), ("srtf", "inline"), ("srtf", "tiled"), ("slo", "inline"),
         ("slo", "tiled")]
 
 
-def demo_trace(cost, divisor: int, requests: int, seed: int, load: float):
+def demo_trace(cost, divisor: int, requests: int, seed: int, load: float, exact_load: bool):
     """The demo's trace (``ditmem.tools.demo.build_trace`` without the engine)."""
-    reqs = workload("seed-mix", cost, load=load, requests=requests, seed=seed, scale="gpu")
-    for r in reqs:
-        r.width = max(16, r.width // divisor // 16 * 16)
-        r.height = max(16, r.height // divisor // 16 * 16)
-    return with_load(reqs, cost, load, seed=seed)
+    from ditmem.tools.demo import build_trace
+
+    args = argparse.Namespace(workload="seed-mix", load=load, requests=requests, seed=seed,
+                              arrival="poisson", divisor=divisor)
+    return build_trace(args, cost, exact_load)
 
 
 def main() -> None:
@@ -49,10 +48,13 @@ def main() -> None:
     p.add_argument("--load", type=float, default=0.8)
     p.add_argument("--noise", type=float, default=DEFAULT_SIGMA,
                    help="timing noise of the simulated device (lognormal sigma; 0: exact)")
+    p.add_argument("--as-drawn", action="store_true",
+                   help="replay each trace as drawn, not scaled to the exact load (the demo "
+                        "before session 17; reproduces the earlier tables)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cost = CostModel.load(args.profile)
-    traces = [demo_trace(cost, args.divisor, args.requests, s, args.load)
+    traces = [demo_trace(cost, args.divisor, args.requests, s, args.load, not args.as_drawn)
               for s in range(args.seeds)]
     n = sum(len(t) for t in traces)
     bound = 1 - sum(min_misses([dataclasses.replace(r) for r in t], cost) for t in traces) / n

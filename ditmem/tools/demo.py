@@ -90,17 +90,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
-def build_trace(args, cost):
+def build_trace(args, cost, exact_load: bool = True):
     """The demo's requests: the named workload at ``--load``, shapes divided by
-    ``--divisor``, arrivals/deadlines from ``cost``."""
-    from ditmem.scheduler.workloads import with_load, workload
+    ``--divisor``, arrivals/deadlines from ``cost``. ``exact_load``: the arrivals scaled so
+    the trace's own load is ``--load`` (``workloads.at_load``; since session 17); False:
+    the sample as drawn, as the demos replayed it before (``"exact_load"`` in a saved run's
+    JSON says which)."""
+    from ditmem.scheduler.workloads import at_load, with_load, workload
 
     reqs = workload(args.workload, cost, load=args.load, requests=args.requests,
                     seed=args.seed, arrival=args.arrival, scale="gpu")
     for r in reqs:
         r.width = max(16, r.width // args.divisor // 16 * 16)
         r.height = max(16, r.height // args.divisor // 16 * 16)
-    return with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
+    reqs = with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
+    return at_load(reqs, cost, args.load) if exact_load else reqs
 
 
 def demo_sides(args) -> list[int]:
@@ -258,7 +262,7 @@ def main(args) -> int:
         "command": "demo", "model": args.model, "workload": args.workload,
         "device": args.profile, "load": args.load, "arrival": args.arrival,
         "requests": len(trace), "seed": args.seed, "divisor": args.divisor,
-        "decode_workers": args.decode_workers, "mode": args.mode,
+        "decode_workers": args.decode_workers, "mode": args.mode, "exact_load": True,
         "decode": {n: decode_mode(args, n, gen) for n in names},
         "decode_tile": decode_tile(args, gen),
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),

@@ -269,16 +269,19 @@ def missed_apart(real: list[dict], sim: list[dict]) -> dict[str, list[str]]:
             "sim_only": [q["id"] for q in real if q["met"] and met.get(q["id"]) is False]}
 
 
-def build_trace(args, cost, devices: int):
-    """The requests: the workload at ρ × D, shapes divided by ``--divisor``."""
-    from ditmem.scheduler.workloads import with_load, workload
+def build_trace(args, cost, devices: int, exact_load: bool = True):
+    """The requests: the workload at ρ × D, shapes divided by ``--divisor``; with
+    ``exact_load`` (since session 17) the arrivals scaled so the trace's own load is ρ per
+    device (``workloads.at_load``), else the sample as drawn (``demo.build_trace``)."""
+    from ditmem.scheduler.workloads import at_load, with_load, workload
 
     reqs = workload(args.workload, cost, load=args.load * devices, requests=args.requests,
                     seed=args.seed, arrival=args.arrival, scale="gpu")
     for r in reqs:
         r.width = max(16, r.width // args.divisor // 16 * 16)
         r.height = max(16, r.height // args.divisor // 16 * 16)
-    return with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
+    reqs = with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
+    return at_load(reqs, cost, args.load, devices=devices) if exact_load else reqs
 
 
 def rebuild_trace(meta: dict, cost):
@@ -290,7 +293,7 @@ def rebuild_trace(meta: dict, cost):
     args = types.SimpleNamespace(workload=meta["workload"], load=meta["load"],
                                  requests=meta["requests"], seed=meta["seed"],
                                  arrival="poisson", divisor=meta["divisor"])
-    trace = build_trace(args, cost, meta["devices"])
+    trace = build_trace(args, cost, meta["devices"], meta.get("exact_load", False))
     for r in trace:
         cost.assign_deadline(r, 3.0)
     return trace
@@ -590,7 +593,8 @@ def main(args) -> int:
     if args.json:
         meta = {"command": "demo --devices", "devices": args.devices, "model": args.model,
                 "workload": args.workload, "load": args.load, "requests": len(trace),
-                "seed": args.seed, "divisor": args.divisor, "total_wall_s": total,
+                "seed": args.seed, "divisor": args.divisor, "exact_load": True,
+                "total_wall_s": total,
                 "load_average": load_avg, **lim}
         with open(args.json, "w") as f:
             json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
