@@ -1,6 +1,6 @@
-"""The HTTP bench's trace replayed in the simulator: fifo, slo (default: earliest deadline)
-and its FIFO-first order (``order="fifo"``) side by side, on the measured profile with timing
-noise on.
+"""The HTTP bench's trace replayed in the simulator: fifo and slo (earliest deadline) side
+by side, on the measured profile with timing noise on. (slo's FIFO-first order, a third row
+until session 17, was removed with its option: docs/results/scheduler.md, "Session 17".)
 
     python benchmarks/scheduler/replay_bench.py [--bench JSON] [--seeds 3] [--json OUT]
         [--noise-seeds N] [--setting LABEL=KEY:VALUE,KEY:VALUE ...]
@@ -64,7 +64,7 @@ from ditmem.scheduler.tail_bound import allowed_above, min_misses_tail
 from ditmem.scheduler.workloads import with_load
 
 DEFAULT_BENCH = "benchmarks/serving/results/bench_omni_random_s5.json"
-SETTINGS = [("fifo", "fifo", {}), ("slo", "slo", {}), ("slo fifo-first", "slo", {"order": "fifo"})]
+SETTINGS = [("fifo", "fifo", {}), ("slo", "slo", {})]
 
 
 def bench_trace(bench: dict) -> tuple[list[Request], dict[str, float]]:

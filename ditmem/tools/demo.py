@@ -90,21 +90,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(p)
 
 
-def build_trace(args, cost, exact_load: bool = True):
-    """The demo's requests: the named workload at ``--load``, shapes divided by
-    ``--divisor``, arrivals/deadlines from ``cost``. ``exact_load``: the arrivals scaled so
-    the trace's own load is ``--load`` (``workloads.at_load``; since session 17); False:
-    the sample as drawn, as the demos replayed it before (``"exact_load"`` in a saved run's
-    JSON says which)."""
+def build_trace(args, cost, exact_load: bool = True, devices: int = 1):
+    """The demo's requests: the named workload at ``--load`` per device on ``devices``,
+    shapes divided by ``--divisor``, arrivals/deadlines from ``cost``. ``exact_load``: the
+    arrivals scaled so the trace's own load is ``--load`` (``workloads.at_load``; since
+    session 17); False: the sample as drawn, as the demos replayed it before (``"exact_load"``
+    in a saved run's JSON says which)."""
     from ditmem.scheduler.workloads import at_load, with_load, workload
 
-    reqs = workload(args.workload, cost, load=args.load, requests=args.requests,
+    total = args.load * devices
+    reqs = workload(args.workload, cost, load=total, requests=args.requests,
                     seed=args.seed, arrival=args.arrival, scale="gpu")
     for r in reqs:
         r.width = max(16, r.width // args.divisor // 16 * 16)
         r.height = max(16, r.height // args.divisor // 16 * 16)
-    reqs = with_load(reqs, cost, args.load, seed=args.seed, arrival=args.arrival)
-    return at_load(reqs, cost, args.load) if exact_load else reqs
+    reqs = with_load(reqs, cost, total, seed=args.seed, arrival=args.arrival)
+    return at_load(reqs, cost, args.load, devices=devices) if exact_load else reqs
 
 
 def demo_sides(args) -> list[int]:
@@ -200,13 +201,15 @@ def trace_limits(trace, cost) -> dict:
     import dataclasses
 
     from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed
+    from ditmem.scheduler.workloads import trace_load
 
     reqs = [dataclasses.replace(r) for r in trace]
     alone = [cost.standalone_time(r) for r in reqs]
     n = len(reqs)
-    arrivals = sorted(r.arrival for r in reqs)
-    span = arrivals[-1] - arrivals[0]
-    load = (n - 1) / span * sum(alone) / n if span > 0 else float("nan")
+    try:
+        load = trace_load(reqs, cost)
+    except ValueError:  # one request, or all at once: no arrival rate to speak of
+        load = float("nan")
     return {"standalone_ratio": max(alone) / min(alone), "trace_load": load,
             "bound_attainment": 1 - min_misses_packed(reqs, cost) / n,
             "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
@@ -253,7 +256,7 @@ def main(args) -> int:
         results[name]["sim_p95_s"] = sim["p95_s"]
         results[name]["sim_p50_s"] = sim["p50_s"]
         results[name]["vs_profile"] = o["vs_profile"]
-        results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])  # nominal
+        results[name]["work_load"] = args.load * work_ratio(o["vs_profile"])
         results[name]["at_run_speed"] = one_device_references(
             trace, CostModel.load(args.profile).profile, speed_factors(o["vs_profile"]), name,
             o["page_bytes"], o["num_pages"],

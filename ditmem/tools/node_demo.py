@@ -271,17 +271,10 @@ def missed_apart(real: list[dict], sim: list[dict]) -> dict[str, list[str]]:
 
 def build_trace(args, cost, devices: int, exact_load: bool = True):
     """The requests: the workload at ρ × D, shapes divided by ``--divisor``; with
-    ``exact_load`` (since session 17) the arrivals scaled so the trace's own load is ρ per
-    device (``workloads.at_load``), else the sample as drawn (``demo.build_trace``)."""
-    from ditmem.scheduler.workloads import at_load, with_load, workload
+    ``exact_load`` the trace's own load is ρ per device (``demo.build_trace``)."""
+    from ditmem.tools.demo import build_trace as demo_trace
 
-    reqs = workload(args.workload, cost, load=args.load * devices, requests=args.requests,
-                    seed=args.seed, arrival=args.arrival, scale="gpu")
-    for r in reqs:
-        r.width = max(16, r.width // args.divisor // 16 * 16)
-        r.height = max(16, r.height // args.divisor // 16 * 16)
-    reqs = with_load(reqs, cost, args.load * devices, seed=args.seed, arrival=args.arrival)
-    return at_load(reqs, cost, args.load, devices=devices) if exact_load else reqs
+    return demo_trace(args, cost, exact_load, devices)
 
 
 def rebuild_trace(meta: dict, cost):
