@@ -268,3 +268,5 @@ def test_the_node_demo_rows_agree_with_a_real_run_and_its_prediction(node):
         assert set(d) == {"take_backs", "split_decodes", "migrations"}
         assert 0 <= d["take_backs"] <= d["split_decodes"] <= 2  # q1 (64²) is one tile
     assert row["decisions"]["migrations"] == row["migrations"]
+    # the engine process ran the loop: some CPU, and no more than its threads could spend
+    assert 0 < row["engine_cpu_s"] < 4 * row["wall_s"]
