@@ -31,20 +31,14 @@ import numpy as np
 import torch
 
 from ditmem.memory import RequestState, pages_for
+from ditmem.models.common.block_steps import BlockStepGenerator
 from ditmem.models.common.cpu_vae import speed_up_vae
 from ditmem.models.common.generator import (
     check_finished,
     check_step_states,
     common_block,
 )
-from ditmem.models.common.open_step import (
-    OpenStep,
-    begin_advance,
-    mark_boundary,
-    run_open_blocks,
-    run_step_blocks,
-    step_predictions,
-)
+from ditmem.models.common.open_step import OpenStep, mark_boundary
 from ditmem.models.common.processor_patch import original_processors
 from ditmem.models.common.request import GenerationRequest
 from ditmem.models.qwen import patch
@@ -52,8 +46,9 @@ from ditmem.models.qwen import state as qs
 from ditmem.models.qwen.pipeline import check_request, decode_latents, run_pipeline
 
 
-class QwenGenerator:
-    """Generator for Qwen-Image pipelines (see module docstring)."""
+class QwenGenerator(BlockStepGenerator):
+    """Generator for Qwen-Image pipelines (see module docstring). Steps: one packed forward
+    over all states, then each request's true-CFG combination and Euler update."""
 
     def __init__(self, pipe, name: str = "tiny-qwen-image", block_size: int = 64,
                  max_sequence_length: int = 512):
@@ -149,22 +144,6 @@ class QwenGenerator:
         )
         return state
 
-    @staticmethod
-    def _put(state: RequestState, name: str, value: torch.Tensor) -> bool:
-        if state.put(name, value) is None:
-            state.free()
-            return False
-        return True
-
-    @property
-    def num_blocks(self) -> int:
-        """Transformer blocks per step (the finest preemption grain of ``step_blocks``)."""
-        return self.adapter.num_blocks
-
-    def block(self, state: RequestState) -> int:
-        """Next transformer block of the current step (0 between steps)."""
-        return state.scalars["block"]
-
     def boundary_pages(self, request: GenerationRequest, page_bytes: int) -> int:
         """Extra pages a request holds while paused inside a step (pure arithmetic plus
         tokenizing the prompts)."""
@@ -177,22 +156,6 @@ class QwenGenerator:
             + pages_for(self._text_len(prompt) * dim, (), self.dtype, page_bytes)
             for prompt in prompts
         )
-
-    def step(self, states: list[RequestState]) -> None:
-        """One packed forward over all states (CFG branches as extra segments), then each
-        request's true-CFG combination and Euler update; latents written back to pages.
-        States paused inside a step (all at the same block) finish that step."""
-        self.step_blocks(states, self.num_blocks)
-
-    def step_blocks(self, states: list[RequestState], stop: int) -> bool:
-        """Run transformer blocks ``block .. stop-1`` of the current step for all states
-        (which must all be at the same ``block``) in one packed pass. ``stop ==
-        num_blocks`` finishes the step (solver update, boundary pages freed); otherwise the
-        boundary activations are saved into the states' pages. Returns ``False`` with
-        nothing changed when a pool has no room for them.
-        (:class:`~ditmem.models.common.chunked.ChunkRunner` keeps the step open between chunks
-        instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
-        return run_step_blocks(self, states, stop)
 
     @torch.no_grad()
     def open_step(self, states: list[RequestState]) -> OpenStep:
@@ -212,25 +175,13 @@ class QwenGenerator:
         batch = self.adapter.prepare(kwargs, boundary, start)
         return OpenStep(list(states), start, latents, [(self.adapter, owners, batch)])
 
-    @torch.no_grad()
-    def advance(self, step: OpenStep, stop: int) -> bool:
-        """Run blocks ``step.block .. stop-1`` of an open step. Stopping inside the step
-        reserves the states' boundary pages (``False``, nothing changed, when a pool has no
-        room) but writes nothing; ``stop == num_blocks`` finishes the step (solver update,
-        boundary pages freed)."""
-        if not begin_advance(step, stop, self.num_blocks, self.is_done,
-                             self._boundary_shapes, self.dtype):
-            return False
-        if run_open_blocks(step, stop, self.num_blocks):
-            return True
-        preds = step_predictions(step)
-        for s, lat in zip(step.states, step.latents, strict=True):
-            qs.drop_boundary(s)
-            s.put("latents", qs.solver_update(s, lat, preds[id(s)]))
-            s.scalars["step"] += 1
-            s.scalars["block"] = 0
-        step.finished = True
-        return True
+    def _finish_step(self, state: RequestState, latents: torch.Tensor,
+                     preds: list[torch.Tensor]) -> None:
+        """Free the boundary rows, then true-CFG combination and Euler update of
+        ``latents`` ``[1, S, C]`` from ``preds`` (per branch) into the pages."""
+        qs.drop_boundary(state)
+        state.put("latents", qs.solver_update(state, latents, preds))
+        state.scalars["step"] += 1
 
     def save_boundary(self, step: OpenStep) -> None:
         """Write an open step's boundary rows into the states' reserved pages (a park);
@@ -260,10 +211,6 @@ class QwenGenerator:
         check_finished(state, self.progress(state))
         return decode_latents(self.pipe, state.get("latents"), state.scalars["height"],
                               state.scalars["width"])
-
-    def release(self, state: RequestState) -> None:
-        """Free the state's pages."""
-        state.free()
 
     # ---------------------------------------------------------------- oracle
     @torch.no_grad()

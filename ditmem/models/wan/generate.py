@@ -36,20 +36,14 @@ import numpy as np
 import torch
 
 from ditmem.memory import RequestState, pages_for
+from ditmem.models.common.block_steps import BlockStepGenerator
 from ditmem.models.common.cpu_vae import speed_up_vae
 from ditmem.models.common.generator import (
     check_finished,
     check_step_states,
     common_block,
 )
-from ditmem.models.common.open_step import (
-    OpenStep,
-    begin_advance,
-    mark_boundary,
-    run_open_blocks,
-    run_step_blocks,
-    step_predictions,
-)
+from ditmem.models.common.open_step import OpenStep, mark_boundary
 from ditmem.models.common.request import GenerationRequest
 from ditmem.models.wan import WanAdapter
 from ditmem.models.wan import state as ws
@@ -62,9 +56,12 @@ CFG = ws.BRANCHES
 EXPERTS = ("transformer", "transformer_2")
 
 
-class WanGenerator:
+class WanGenerator(BlockStepGenerator):
     """Generator for ``WanPipeline`` (see module docstring). Attributes: ``pipe``, ``name``,
-    ``adapter`` (the first transformer's), ``adapters`` (per expert), ``device``, ``dtype``."""
+    ``adapter`` (the first transformer's), ``adapters`` (per expert), ``device``, ``dtype``.
+    Steps: one packed forward per transformer in use, then each request's guidance and
+    UniPC update; between chunks of blocks a request's hidden rows sit in its pages
+    (``boundary.hidden.<branch>``)."""
 
     def __init__(self, pipe, name: str = "tiny-wan", max_sequence_length: int = 512,
                  cache_cross_kv: bool = True) -> None:
@@ -184,8 +181,7 @@ class WanGenerator:
     def _store_text(self, state: RequestState, embeds: dict, branches, experts) -> bool:
         for branch in branches:
             if not self.cache_cross_kv:
-                if state.put(f"prompt_embeds.{branch}", embeds[branch]) is None:
-                    state.free()
+                if not self._put(state, f"prompt_embeds.{branch}", embeds[branch]):
                     return False
                 continue
             for expert in experts:
@@ -214,37 +210,12 @@ class WanGenerator:
             kw["encoder_hidden_states"] = state.get(f"prompt_embeds.{branch}")
         return kw
 
-    @property
-    def num_blocks(self) -> int:
-        """Transformer blocks per step (the finest preemption grain of ``step_blocks``)."""
-        return self.adapter.num_blocks
-
-    def block(self, state: RequestState) -> int:
-        """Next transformer block of the current step (0 between steps)."""
-        return state.scalars["block"]
-
     def boundary_pages(self, request: GenerationRequest, page_bytes: int) -> int:
         """Extra pages a request holds while paused inside a step (pure arithmetic)."""
         self.shapes.check(request)
         numel = self.shapes.tokens(request) * self.shapes.inner_dim
         rows = pages_for(numel, (), self.dtype, page_bytes)
         return len(self._branches(request)) * rows
-
-    def step(self, states: list[RequestState]) -> None:
-        """One packed forward per transformer in use over all states (CFG branches as extra
-        segments), then each request's guidance and UniPC update, written back to pages.
-        States paused inside a step (all at the same block) finish that step."""
-        self.step_blocks(states, self.num_blocks)
-
-    def step_blocks(self, states: list[RequestState], stop: int) -> bool:
-        """Run blocks ``block .. stop-1`` of the current step for all states (all at the same
-        ``block``), packed. ``stop == num_blocks`` finishes the step (guidance, solver update,
-        boundary pages freed); otherwise each request's hidden rows are saved into its pages
-        (``boundary.hidden.<branch>``) so it can be offloaded and resumed in any pages.
-        Returns ``False`` with nothing changed when a pool has no room for them.
-        (:class:`~ditmem.models.common.chunked.ChunkRunner` keeps the step open between chunks
-        instead: :meth:`open_step`, :meth:`advance`, :meth:`save_boundary`.)"""
-        return run_step_blocks(self, states, stop)
 
     @torch.no_grad()
     def open_step(self, states: list[RequestState]) -> OpenStep:
@@ -269,29 +240,18 @@ class WanGenerator:
                                                             boundary, start)))
         return OpenStep(list(states), start, latents, groups)
 
-    @torch.no_grad()
-    def advance(self, step: OpenStep, stop: int) -> bool:
-        """Run blocks ``step.block .. stop-1`` of an open step. Stopping inside the step
-        reserves the states' boundary pages (``False``, nothing changed, when a pool has no
-        room) but writes nothing; ``stop == num_blocks`` finishes the step (guidance,
-        solver update, boundary pages freed)."""
-        if not begin_advance(step, stop, self.num_blocks, self.is_done,
-                             self._boundary_shapes, self.dtype):
-            return False
-        if run_open_blocks(step, stop, self.num_blocks):
-            return True
-        preds = step_predictions(step)
-        for s, lat in zip(step.states, step.latents, strict=True):
-            noise = preds[id(s)][0]
-            if s.scalars["cfg"]:
-                cond, uncond = preds[id(s)]
-                noise = uncond + s.scalars["guidance_scale"] * (cond - uncond)
-            ws.drop_boundary(s)
-            schedule = self.schedules.get(s.scalars["num_steps"])
-            s.put("latents", unipc_step(schedule, s, noise, lat))
-            s.scalars["block"] = 0
-        step.finished = True
-        return True
+    def _finish_step(self, state: RequestState, latents: torch.Tensor,
+                     preds: list[torch.Tensor]) -> None:
+        """Guidance from ``preds`` (per branch), free the boundary rows, then the UniPC
+        update of ``latents`` ``[1, C, F, H, W]`` (float32) into the pages (it counts the
+        step)."""
+        noise = preds[0]
+        if state.scalars["cfg"]:
+            cond, uncond = preds
+            noise = uncond + state.scalars["guidance_scale"] * (cond - uncond)
+        ws.drop_boundary(state)
+        schedule = self.schedules.get(state.scalars["num_steps"])
+        state.put("latents", unipc_step(schedule, state, noise, latents))
 
     def save_boundary(self, step: OpenStep) -> None:
         """Write an open step's boundary rows into the states' reserved pages (a park);
@@ -321,10 +281,6 @@ class WanGenerator:
         """VAE-decode a finished state to ``uint8 [F, H, W, 3]``."""
         check_finished(state, self.progress(state))
         return decode_latents(self.pipe, state.get("latents"))
-
-    def release(self, state: RequestState) -> None:
-        """Free the state's pages (idempotent)."""
-        state.free()
 
     # ---------------------------------------------------------------- oracle
     def reference(self, request: GenerationRequest, output: str = "video"):
