@@ -197,16 +197,10 @@ def node_bound(scenario: NodeScenario, load: float, *, latency: bool = False) ->
 
 def bound_goodput(scenario: NodeScenario, *, target: float = 0.99, lo: float = 0.05,
                   hi: float = 1.2, tol: float = 0.01) -> float:
-    """Highest ρ at which the bound still allows ``target`` attainment (bisection)."""
+    """Highest ρ in [lo, hi] (to ``tol``) at which the bound still allows ``target``
+    attainment (bisection); 0.0 if even ``lo`` fails."""
 
     def allows(load: float) -> bool:
         return node_bound(scenario, load)["bound_attainment"] >= target
 
-    if not allows(lo):
-        return 0.0
-    if allows(hi):
-        return hi
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if allows(mid) else (lo, mid)
-    return round(lo, 4)
+    return highest_load(allows, lo, hi, tol)
