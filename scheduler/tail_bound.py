@@ -47,7 +47,7 @@ import bisect
 import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .bound import MAX_BATCHES, _best_disjoint, moore_hodgson_windows, trace_work
@@ -149,28 +149,17 @@ def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, in
     (module docstring), recorded where they rise (jobs by arrival: (A, D, work, latest), and
     optionally a fifth field: the work charged when the job must be done by its latest
     finish — the co-present works' J_M case; default the same work)."""
-    order = sorted(range(len(jobs)), key=lambda n: (jobs[n][2], n))
-    rank = {n: k for k, n in enumerate(order)}
-    works = [jobs[n][2] for n in order]
-    # events: (time, kind, job) — kind 0: the job becomes due (joins K), 1: it must be done
-    events = sorted(
-        [(j[1], 0, n) for n, j in enumerate(jobs)] + [(j[3], 1, n) for n, j in enumerate(jobs)]
-    )
-    times = [e[0] for e in events]
+    rank, works = _work_ranks(jobs)
+    # kind 0: the job becomes due (joins K), 1: it must be done
+    sweep = _events(jobs, (1, 3))
     out: list[tuple[float, float, int]] = []
     for i, (t1, *_) in enumerate(jobs):
         tree = _Fenwick(works)
         due: set[int] = set()
         done: set[int] = set()
         mandatory, outside, best = 0.0, 0, 0
-        k = bisect.bisect_left(times, t1)
-        while k < len(events) and events[k][0] <= t1 + horizon:
-            t2 = events[k][0]
-            while k < len(events) and events[k][0] == t2:
-                _, kind, n = events[k]
-                k += 1
-                if n < i:
-                    continue
+        for t2, ends in _window_ends(sweep, t1, horizon, i):
+            for kind, n in ends:
                 if kind == 0:
                     due.add(n)
                     if n not in done:
@@ -193,6 +182,39 @@ def _knapsack_windows(jobs: list, horizon: float) -> list[tuple[float, float, in
                 best = misses
                 out.append((t1, t2, misses))
     return out
+
+
+def _work_ranks(jobs: list) -> tuple[dict[int, int], list[float]]:
+    """Jobs (``jobs[n][2]``: the work) ranked by work, ties by index: (rank of each job,
+    the works in rank order), the layout of the windows' :class:`_Fenwick` trees."""
+    order = sorted(range(len(jobs)), key=lambda n: (jobs[n][2], n))
+    return {n: k for k, n in enumerate(order)}, [jobs[n][2] for n in order]
+
+
+def _events(jobs: list, fields: tuple[int, ...]) -> tuple[list[tuple[float, int, int]],
+                                                          list[float]]:
+    """The windows' events, sorted: (time, kind, job) with kind k at time
+    ``jobs[job][fields[k]]``; and their times (for bisection)."""
+    events = sorted((j[f], kind, n) for kind, f in enumerate(fields) for n, j in enumerate(jobs))
+    return events, [e[0] for e in events]
+
+
+def _window_ends(sweep: tuple[list[tuple[float, int, int]], list[float]], t1: float,
+                 horizon: float, first: int) -> Iterator[tuple[float, list[tuple[int, int]]]]:
+    """The ends t2 of the windows [t1, t2] (event times in [t1, t1 + ``horizon``],
+    ascending), each with its events as (kind, job), jobs before ``first`` left out.
+    ``sweep``: what :func:`_events` returns."""
+    events, times = sweep
+    k = bisect.bisect_left(times, t1)
+    while k < len(events) and events[k][0] <= t1 + horizon:
+        t2 = events[k][0]
+        ends = []
+        while k < len(events) and events[k][0] == t2:
+            _, kind, n = events[k]
+            k += 1
+            if n >= first:
+                ends.append((kind, n))
+        yield t2, ends
 
 
 # ---- a joint tail constraint: every flow within a maximum, and at most a few above a --------
@@ -238,14 +260,9 @@ def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list
     ``|K \\ J_T| − fit(t2 − t1 − work(J_T) + the e largest works of J_T \\ J_M)``
     (derivation in ``min_misses_tail``). Returns (t1, t2, misses at each of ``points``,
     inf where even that many exemptions leave negative room), recorded where any rises."""
-    order = sorted(range(len(jobs)), key=lambda n: (jobs[n][2], n))
-    rank = {n: k for k, n in enumerate(order)}
-    works = [jobs[n][2] for n in order]
+    rank, works = _work_ranks(jobs)
     # kinds: 0 due (joins K), 1 must be done by the tail limit, 2 ... by the maximum
-    events = sorted([(j[1], 0, n) for n, j in enumerate(jobs)]
-                    + [(j[3], 1, n) for n, j in enumerate(jobs)]
-                    + [(j[4], 2, n) for n, j in enumerate(jobs)])
-    times = [e[0] for e in events]
+    sweep = _events(jobs, (1, 3, 4))
     top = points[-1]
     out: list = []
     for i, (t1, *_) in enumerate(jobs):
@@ -255,14 +272,8 @@ def _exempt_windows(jobs: list, horizon: float, points: tuple[int, ...]) -> list
         free: list[float] = []  # works of J_T \ J_M, ascending
         mandatory, outside = 0.0, 0
         best = [0.0] * len(points)
-        k = bisect.bisect_left(times, t1)
-        while k < len(events) and events[k][0] <= t1 + horizon:
-            t2 = events[k][0]
-            while k < len(events) and events[k][0] == t2:
-                _, kind, n = events[k]
-                k += 1
-                if n < i:
-                    continue
+        for t2, ends in _window_ends(sweep, t1, horizon, i):
+            for kind, n in ends:
                 if kind == 0:
                     due.add(n)
                     if n not in tail_due:
