@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+
+from replay_bench import demo_trace  # noqa: E402
+
 CLI = "import sys; from ditmem.cli import main; sys.exit(main())"
 
 
@@ -45,14 +49,10 @@ def run_demo(tree: str, extra: list[str], out: Path, timeout: int) -> tuple[dict
 
 def one_device_row(rows: list[dict], profile_path: Path) -> dict:
     from ditmem.scheduler import CostModel
-    from ditmem.tools.demo import build_trace
 
     meta = rows[0]
-    args = argparse.Namespace(workload=meta["workload"], load=meta["load"],
-                              requests=meta["requests"], seed=meta["seed"],
-                              arrival=meta["arrival"], divisor=meta["divisor"])
     cost = CostModel.load(profile_path)
-    trace = build_trace(args, cost, meta.get("exact_load", False))
+    trace = demo_trace(meta, cost)
     alone = statistics.mean(cost.standalone_time(r) for r in trace)
     by = {r["policy"]: r for r in rows}
     out = {"fifo_service_ratio": by["fifo"]["mean_service_s"] / alone,

@@ -11,11 +11,15 @@ runs it prints the per-stage ratios the node demo recorded (``vs_profile``).
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+
+from replay_bench import demo_trace  # noqa: E402
 
 R1 = Path("benchmarks/serving/results")
 R2 = Path("benchmarks/parallel/results")
@@ -37,18 +41,14 @@ def profile_numbers(path: str) -> dict:
 
 def one_device(run: str) -> dict | None:
     from ditmem.scheduler import CostModel
-    from ditmem.tools.demo import build_trace
 
     rows = json.load(open(run))
     prof = run.replace(".json", "_profile.json")
     if not Path(prof).is_file():
         return None
     meta = rows[0]
-    args = argparse.Namespace(workload=meta["workload"], load=meta["load"],
-                              requests=meta["requests"], seed=meta["seed"],
-                              arrival=meta["arrival"], divisor=meta["divisor"])
     cost = CostModel.load(prof)
-    trace = build_trace(args, cost, meta.get("exact_load", False))
+    trace = demo_trace(meta, cost)
     alone = statistics.mean(cost.standalone_time(r) for r in trace)
     out = {"run": Path(run).stem, **profile_numbers(prof), "profile_mean_alone_s": alone}
     for r in rows:
