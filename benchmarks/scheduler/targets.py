@@ -253,16 +253,22 @@ def main(argv=None) -> int:
     def say(*a):
         print(*a, flush=True)
 
+    def policies_and_bound(s: Scenario, rows: list[dict]) -> dict:
+        """Every policy on ``s`` at load 0.8 (rows appended to ``rows`` and printed), then
+        the bound there (appended to ``out["bound"]`` and printed); returns the bound row."""
+        for p in POLICIES:
+            r = run_point(s, p, 0.8)
+            rows.append(r)
+            say(line(r))
+        b = bound_row(s, 0.8)
+        out["bound"].append(b)
+        say_bound(b)
+        return b
+
     say("== seed-mix, h200, poisson, load 0.8 ==")
     say(HEAD)
     main_sc = sc()
-    for p in POLICIES:
-        r = run_point(main_sc, p, 0.8)
-        out["main"].append(r)
-        say(line(r))
-    b = bound_row(main_sc, 0.8)
-    out["bound"].append(b)
-    say_bound(b)
+    b = policies_and_bound(main_sc, out["main"])
     say(f"   priority 0 alone: bound <= {100 * b['bound_p0_max_attainment']:.2f} %")
     fifo95 = out["main"][0]["p95_s"]
     say(
@@ -304,13 +310,7 @@ def main(argv=None) -> int:
         sc("video-image-mix", requests=n // 2),
     ]
     for s in others:
-        for p in POLICIES:
-            r = run_point(s, p, 0.8)
-            out["other"].append(r)
-            say(line(r))
-        b = bound_row(s, 0.8)
-        out["bound"].append(b)
-        say_bound(b)
+        policies_and_bound(s, out["other"])
 
     say("== ablations of slo (seed-mix, h200, poisson, 0.8) ==")
     say(HEAD)
