@@ -79,6 +79,13 @@ class StepPlan:
     (None: the policy's ``chunk_blocks`` choice); a batch whose step is part-done must be
     exactly that step's ``step_group`` and continues from its ``blocks_done``; a part-done
     batch left out of ``batch`` is parked (its activations go to pages, then to the host).
+    ``late_tiles_s``: seconds of late decode tiles the plan spares (``decode_lane``).
+    ``whole_decodes``: members of ``batch`` whose decode, if this is their last step, runs
+    whole right after the step even where decodes otherwise run tile by tile between steps
+    (a promise made for the request's whole remaining work, ``policies.tail_lane``, counts
+    on it); nothing changes where decodes run inline anyway. ``hold_tiles``: run this plan
+    before any pending decode tile (the loop otherwise lets a due tile go first): a tile
+    run ahead would take time the plan's promises do not have.
     """
 
     batch: list[str] = field(default_factory=list)
@@ -88,6 +95,8 @@ class StepPlan:
     pause: list[str] = field(default_factory=list)
     blocks: int | None = None
     late_tiles_s: float = 0.0
+    whole_decodes: tuple[str, ...] = ()
+    hold_tiles: bool = False
 
     @property
     def idle(self) -> bool:

@@ -329,7 +329,8 @@ def simulate(
                 PendingDecode(decoding[rid].request, left, n) for rid, left, n in tiles.pending())
             plan = policy.schedule(now, eng.view(last_batch, decodes))
         pick = None
-        if tiles is not None and not (block and _running_part_done(eng, last_batch)):
+        if (tiles is not None and not plan.hold_tiles
+                and not (block and _running_part_done(eng, last_batch))):
             pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)), plan.late_tiles_s)
         if pick is not None:
             # A due decode runs one tile instead of the plan; the policy decides again after.
@@ -391,6 +392,7 @@ def simulate(
         batch_sizes[len(members)] = batch_sizes.get(len(members), 0) + 1
         for rid, at in decoded:
             record(decoding.pop(rid), at)
+        whole_s, whole = 0.0, []  # decodes run whole after the step (plan.whole_decodes)
         for s in finished:
             del eng.active[s.id]
             if lane is None and tiles is None:
@@ -403,8 +405,16 @@ def simulate(
                           noise.draw(truth.decode_time(s.request), "decode", cls))
             else:
                 pieces = [noise.draw(t, "decode", cls) for t in truth.decode_tiles(s.request)]
+                if s.id in plan.whole_decodes:  # its tiles now, back to back (StepPlan)
+                    now += sum(pieces)
+                    busy += sum(pieces)
+                    whole_s += sum(pieces)
+                    whole.append(s.request)
+                    record(decoding.pop(s.id), now)
+                    continue
                 tiles.push(s.id, s.request.deadline, pieces)
-        if progress is not None and (decoded or (finished and lane is None and tiles is None)):
+        if progress is not None and (decoded or whole
+                                     or (finished and lane is None and tiles is None)):
             progress(len(records), total)
         last_batch = tuple(plan.batch)
         policy.observe(
@@ -415,12 +425,12 @@ def simulate(
                 tokens,
                 step,
                 encode,
-                decode,
+                decode + whole_s,
                 pre,
                 [s.id for s in finished],
                 blocks_run,
                 encoded,
-                [s.request for s in finished] if lane is None and tiles is None else [],
+                [s.request for s in finished] if lane is None and tiles is None else whole,
                 0.0 if block else moved * page_bytes,
             )
         )

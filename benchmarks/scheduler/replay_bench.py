@@ -17,6 +17,8 @@ both against those and against the client's SLOs (its warm-up rule). Rows "seed 
 same shapes with fresh Poisson arrivals at the bench's load (``--load``, default 0.8);
 their client SLOs are the bench's for the same shape (the warm-up rule depends on the shape alone).
 ``--noise-seeds N`` replays each of those traces with noise seeds 0..N-1 (a row each).
+Each policy decodes as the server runs it (``server_decode``: fifo inline, slo tile by tile
+when the profile has tiles; before session 18 every row decoded inline).
 Columns: attainment (%), P50/P95/P99/max latency (s) and P95/P99/max over fifo's.
 
 ``--demo RUN.json`` (repeatable; a ``ditmem demo --json`` file with its
@@ -194,10 +196,20 @@ def replay_demo(path: str, settings, sigma: float, seed_offset: int = 0,
     return rows
 
 
+def server_decode(policy: str, cost: CostModel) -> str:
+    """The decode mode ``ditmem serve --decode auto`` (its default) runs ``policy`` with
+    (``engine.factory.resolve_decode``): fifo inline, the others tile by tile when the
+    profile has a tile geometry (``decode_tile_px``; ``ditmem serve`` measures one for the
+    models that tile), else inline."""
+    tiles = all("decode_tile_px" in sec for sec in cost.profile["models"].values())
+    return "tiled" if tiles and policy != "fifo" else "inline"
+
+
 def run(reqs: list[Request], cost: CostModel, policy: str, options: dict, seed: int,
         sigma: float, client_slo: dict[str, float] | None) -> dict:
     pol = make_policy(policy, cost.fresh(), **options)
-    result = simulate(reqs, pol, noise=TimingNoise(sigma=sigma, seed=seed))
+    result = simulate(reqs, pol, decode=server_decode(policy, cost),
+                      noise=TimingNoise(sigma=sigma, seed=seed))
     out = summarize(result.records)
     out["busy_s"] = result.busy_s
     if client_slo is not None:

@@ -51,6 +51,7 @@ class PlanExecutor:
         self._blocks_run: int | None = None
         self._report: StepReport | None = None  # the iteration's, while its stages run
         self._worked = False
+        self._whole: set[str] = set()  # the plan's whole_decodes (tiled decodes run whole)
         self.stats = EngineStats()
         # decode off the step loop (worker threads, earliest deadline first), results handed
         # back through a queue
@@ -112,7 +113,7 @@ class PlanExecutor:
         self.held = {*plan.batch, *plan.admit, *plan.restore, *plan.offload}
         self.stats.schedule_s += self.engine.clock() - t0
         self.stats.iterations += 1
-        if self.tiles is not None and self._run_due_tile(plan):
+        if self.tiles is not None and not plan.hold_tiles and self._run_due_tile(plan):
             return True
         if plan.idle:
             self.publish()
@@ -120,6 +121,7 @@ class PlanExecutor:
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
         self._report, self._worked = report, False
+        self._whole = set(plan.whole_decodes)
         moved = self.stats.bytes_offloaded + self.stats.bytes_restored
         run_stages(self, offload=plan.offload, restore=plan.restore, admit=plan.admit,
                    batch=plan.batch, blocks=plan.blocks)
@@ -292,10 +294,24 @@ class PlanExecutor:
         return stepped
 
     def _decode_tiled(self, job: Job, report: StepReport) -> None:
-        """Queue a finished job's decode as tiles; it keeps its pages until delivered."""
+        """Queue a finished job's decode as tiles; it keeps its pages until delivered. A job
+        the plan lists in ``whole_decodes`` runs all its tiles now, back to back."""
         del self.active[job.id]
         report.finished.append(job.id)
-        self._attempt(job, "decode", self.tiles.start, job)
+        if not self._attempt(job, "decode", self.tiles.start, job)[0]:
+            return
+        if job.id not in self._whole:
+            return
+        before = job.timing.decode_s
+        output = error = None
+        while output is None and error is None:
+            _, output, error = self.tiles.run(job.id)
+        if error is not None:
+            self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {error!r}"))
+            return
+        report.decode_s += job.timing.decode_s - before
+        report.decoded.append(job.sched)
+        self.finish(job, output=output)
 
     def _run_due_tile(self, plan) -> bool:
         """Run one decode tile instead of ``plan`` when a decode is due first, or a late

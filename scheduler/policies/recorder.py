@@ -27,8 +27,9 @@ class Decision:
     """One decision: ``now`` (s, the loop's clock), the plan's ids, the late ids, the
     numbers of started (``active``) and ``waiting`` requests it saw, what the loop
     reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s`` (s; summed
-    over the chunks a block-preempted step continued without deciding again), and the ids
-    of the pending tiled decodes it saw (``decoding``)."""
+    over the chunks a block-preempted step continued without deciding again), the ids
+    of the pending tiled decodes it saw (``decoding``) and those the plan decodes whole
+    after their last step (``whole``: ``StepPlan.whole_decodes``)."""
 
     now: float
     batch: tuple[str, ...]
@@ -41,6 +42,7 @@ class Decision:
     ran: tuple[str, ...] | None = None
     step_s: float | None = None
     decoding: tuple[str, ...] = ()
+    whole: tuple[str, ...] = ()
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -51,7 +53,8 @@ class Decision:
         return cls(row["now"], *(tuple(row[k]) for k in ("batch", "admit", "offload",
                                                          "restore", "late")),
                    row["active"], row["waiting"], None if ran is None else tuple(ran),
-                   row.get("step_s"), tuple(row.get("decoding", ())))
+                   row.get("step_s"), tuple(row.get("decoding", ())),
+                   tuple(row.get("whole", ())))
 
 
 class ObservingPolicy:
@@ -88,7 +91,8 @@ class DecisionLog(ObservingPolicy):
                                  tuple(plan.offload), tuple(plan.restore),
                                  late_ids() if late_ids is not None else (),
                                  len(view.active), len(view.waiting),
-                                 decoding=tuple(d.request.id for d in view.decodes)))
+                                 decoding=tuple(d.request.id for d in view.decodes),
+                                 whole=tuple(plan.whole_decodes)))
         return plan
 
     def _note_report(self, report) -> None:

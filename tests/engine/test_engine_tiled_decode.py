@@ -159,8 +159,18 @@ def test_a_late_decode_takes_the_time_the_plan_spares(gen, margin, large_first):
     hundreds of seconds); without it (None, the default) small's steps and decode go
     first. (The late
     decodes' ``late_share`` credit is set to 0 here, so only the grant lets a late tile
-    run while a step is planned.)"""
+    run while a step is planned. "large", given up, is in slo's tail lane, whose members'
+    decodes the plans name in ``whole_decodes`` since session 18; that list is emptied here,
+    so the tiles wait for the grant as any late decode outside the lane does.)"""
     policy, cost = make_policy_and_cost("slo", "cpu-tiny", {"late_tile_margin": margin})
+    schedule = policy.schedule
+
+    def tiles_only(now, view):
+        plan = schedule(now, view)
+        plan.whole_decodes = ()
+        return plan
+
+    policy.schedule = tiles_only
     engine = Engine(gen, policy, cost, PagePool(512, PAGE), HostPool(2048, PAGE),
                     decode="tiled", decode_tile=TILE)
     tiles = engine.executor.tiles
@@ -193,3 +203,40 @@ def test_the_policy_sees_each_pending_decode_and_its_tiles_left(gen):
     pending = [s[0] for s in seen if s]
     assert [left for _, left, _ in pending] == list(range(16, 0, -1))  # 4 x 4 tiles, one a pick
     assert {(rid, n) for rid, _, n in pending} == {("large", 16)}
+
+
+def test_a_decode_the_plan_names_whole_runs_right_after_the_last_step(gen):
+    """``StepPlan.whole_decodes`` (``slo`` names the tail lane's members: with
+    ``tail="fifo"`` every request): with ``decode="tiled"`` the large request's 16 tiles
+    run in its last step's iteration, reported there as its decode; with the default lane
+    (nobody promised while on time) its tiles run between iterations instead. Both images
+    equal the stock VAE's own tiled decode."""
+    reports, outputs = {}, {}
+    for tail in ("fifo", "late"):
+        policy, cost = make_policy_and_cost("slo", "cpu-tiny", {"tail": tail})
+        seen = []
+        observe = policy.observe
+
+        def record(report, seen=seen, observe=observe):
+            seen.append(report)
+            observe(report)
+
+        policy.observe = record
+        engine = Engine(gen, policy, cost, PagePool(512, PAGE), HostPool(2048, PAGE),
+                        decode="tiled", decode_tile=TILE).start()
+        outputs[tail] = engine.submit(large(), priority=1, slo_ms=600_000).future.result(120)
+        assert engine.drain(10) and engine.pool.num_used_pages == 0
+        assert engine.executor.tiles.tiles_run == 16
+        reports[tail] = next(r for r in seen if "large" in r.finished)
+        engine.stop()
+    assert [r.id for r in reports["fifo"].decoded] == ["large"]
+    assert reports["fifo"].decode_s > 0
+    assert reports["late"].decoded == [] and reports["late"].decode_s == 0
+    pool = PagePool(512, PAGE)
+    state = gen.encode(large(), pool)
+    while not gen.is_done(state):
+        gen.step([state])
+    expected = stock_tiled_image(gen, state)
+    for tail in ("fifo", "late"):
+        np.testing.assert_array_equal(outputs[tail].output, expected)
+    gen.release(state)

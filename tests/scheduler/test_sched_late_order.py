@@ -37,12 +37,32 @@ def test_slo_runs_late_requests_in_lane_order_by_hand():
     assert finish_times(res) == {"A": 10.0, "B": 12.0}
 
 
+def _tiles_only(policy):
+    """``policy`` with its plans' ``whole_decodes`` and ``hold_tiles`` emptied: every decode
+    goes through the loop's decode lane, as a late decode outside the tail lane does."""
+    schedule = policy.schedule
+
+    def plan(now, view):
+        p = schedule(now, view)
+        p.whole_decodes, p.hold_tiles = (), False
+        return p
+
+    policy.schedule = plan
+    return policy
+
+
 def test_slo_decodes_a_late_request_on_its_late_share_credit_by_hand():
     """L1 (2 steps, decode 2 s in 4 tiles, due 1) arrives at 0, L2 (6 steps, due 1.5) at
-    0.5: both late at once, lane [L1, L2]; L1's steps run 0–2. L2 steps from 2 and L1's
-    late decode waits for its ``late_share`` credit (1/9 s per s of loop, a 0.5-s tile at
-    2 + 4.5): its first tile runs after L2's step at 7 (7–7.5), L2's last step 7.5–8.5,
-    then with no step planned L1's three tiles 8.5–10 and L2's decode 10–12."""
+    0.5: both late at once, lane [L1, L2]; L1's steps run 0–2.
+
+    Both are the tail lane's members, whose promises count each decode right after the
+    last step (session 18): L1 decodes whole 2–4, L2 steps 4–10 and decodes 10–12.
+
+    A late decode outside the lane waits for its ``late_share`` credit instead (the plans'
+    lists emptied): L2 steps from 2 and L1's decode waits for the credit (1/9 s per s of
+    loop, a 0.5-s tile at 2 + 4.5): its first tile runs after L2's step at 7 (7–7.5), L2's
+    last step 7.5–8.5, then with no step planned L1's three tiles 8.5–10 and L2's decode
+    10–12."""
     cost = tiled_cost()
 
     def trace():
@@ -50,5 +70,8 @@ def test_slo_decodes_a_late_request_on_its_late_share_credit_by_hand():
                 req("L2", 0.5, steps=6, slo_ms=1_000, cost=cost)]
 
     pol = make_policy("slo", cost, forecast=False)
+    finish = finish_times(simulate(trace(), pol, decode="tiled"))
+    assert finish == {"L1": pytest.approx(4.0), "L2": pytest.approx(12.0)}
+    pol = _tiles_only(make_policy("slo", cost, forecast=False))
     finish = finish_times(simulate(trace(), pol, decode="tiled"))
     assert finish == {"L1": pytest.approx(10.0), "L2": pytest.approx(12.0)}

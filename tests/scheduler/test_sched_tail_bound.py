@@ -9,9 +9,9 @@ label never flips back. Exact timings (no noise), a 512² step costs 1 s and a 1
 import random
 
 import pytest
-from sched_factories import PAGE, req, table_cost
+from sched_factories import PAGE, req, table_cost, table_profile
 
-from ditmem.scheduler import make_policy
+from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.simulator import simulate
 
 
@@ -189,3 +189,78 @@ def test_fifo_rule_promises_by_hand(opts, due):
     policy = _Watch(make_policy("slo", cost, tail="fifo", **opts))
     simulate(trace, policy)
     assert policy.promised == {rid: pytest.approx(d) for rid, d in zip("abc", due, strict=True)}
+
+
+def _tiled_cost() -> CostModel:
+    """``table_profile`` with tiled decodes (256-px tiles of 0.25 s: a 512² decodes as 4
+    tiles, a 1024² as 16), free transfers, 512² packing in pairs."""
+    data = table_profile(link=1e15, batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.5}])
+    data["models"]["qwen-image"].update(
+        decode_tile_px={"value": 256, "source": "test"},
+        decode_stride_px={"value": 256, "source": "test"},
+        decode_tile_s={"value": 0.25, "source": "test"},
+    )
+    return CostModel.from_dict(data)
+
+
+def _random_trace(rng, cost, trial, n=100, gap=1.8):
+    trace, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / gap)
+        big = rng.random() < 0.15
+        trace.append(req(f"t{trial}-{i:03d}", t, size=1024 if big else 512,
+                         steps=rng.randint(2, 8), priority=rng.choice((0, 1, 2)),
+                         scale=rng.choice((1.2, 2.0, 3.0)), cost=cost))
+    return trace
+
+
+def test_both_rules_hold_where_decodes_run_tile_by_tile():
+    """Session 18: with ``decode="tiled"`` (``ditmem serve``'s default for slo) a member's
+    decode used to wait for the decode lane's late share after its last step, outside the
+    lane's sums, and ``"fifo"`` passed fifo's maximum on 10 of 10 such traces (up to
+    1.10 ×). The lane's members now decode whole right after their last step
+    (``StepPlan.whole_decodes``): every flow stays within its FIFO allowance (against
+    ``fifo`` run on the same trace and decode costs) and every ``"late"`` promise holds."""
+    cost = _tiled_cost()
+    rng = random.Random(11)
+    for trial in range(8):
+        trace = _random_trace(rng, cost, trial)
+        sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
+        allowed, fifo_max = _fifo_allowance(trace, cost, 1.0, **sim)
+        fifo_rule = _Watch(make_policy("slo", cost, tail="fifo"))
+        res = simulate(trace, fifo_rule, decode="tiled", **sim)
+        for r in res.records:
+            assert r.finished - r.request.arrival <= allowed[r.request.id] + 1e-6, (trial, r)
+            assert r.finished <= fifo_rule.promised[r.request.id] + 1e-6, (trial, r)
+        late_rule = _Watch(make_policy("slo", cost, tail="late", late_windows=0.5,
+                                       late_share=1.0))
+        res = simulate(trace, late_rule, decode="tiled", **sim)
+        finished = {r.request.id: r.finished for r in res.records}
+        assert late_rule.promised, "the traces must overload enough to give some up"
+        for rid, due in late_rule.promised.items():
+            assert finished[rid] <= due + 1e-6, (trial, rid)
+
+
+def test_without_whole_decodes_the_tiled_lane_breaks_the_fifo_bound():
+    """The reference for the test above: the same rule with the plans' ``whole_decodes``
+    emptied (the loop before session 18) lets some flow pass its FIFO allowance."""
+    cost = _tiled_cost()
+    rng = random.Random(11)
+    broken = 0
+    for trial in range(8):
+        trace = _random_trace(rng, cost, trial)
+        sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
+        allowed, _ = _fifo_allowance(trace, cost, 1.0, **sim)
+        policy = make_policy("slo", cost, tail="fifo")
+        schedule = policy.schedule
+
+        def tiles_only(now, view, schedule=schedule):
+            plan = schedule(now, view)
+            plan.whole_decodes = ()
+            return plan
+
+        policy.schedule = tiles_only
+        res = simulate(trace, policy, decode="tiled", **sim)
+        broken += any(r.finished - r.request.arrival > allowed[r.request.id] + 1e-6
+                      for r in res.records)
+    assert broken >= 4

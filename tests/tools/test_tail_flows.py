@@ -16,7 +16,8 @@ def test_what_slo_did_on_a_hand_schedule(tail_flows):
     """The schedule of ``test_sched_late_order``'s late-share decode case (default slo, 512²: 1 s a
     step, decode 4 tiles of 0.5 s): L1 (2 steps, due 1) is given up at its arrival, 0,
     before any step; L2 (6 steps, due 1.5, arrives 0.5) at the decision at 1, with all 6
-    left. L1's steps run 0–2, L2's 2–7 and 7.5–8.5 (one late tile of L1 at 7); a request
+    left. L1's steps run 0–2 and, as a tail-lane member, its decode whole 2–4 (session 18;
+    before, one late tile at 7 and the rest after L2's steps); L2's steps 4–10; a request
     never held late reads None."""
     from ditmem.scheduler import CostModel, make_policy
     from ditmem.scheduler.policies.recorder import DecisionLog
@@ -37,5 +38,5 @@ def test_what_slo_did_on_a_hand_schedule(tail_flows):
     pol = DecisionLog(make_policy("slo", cost, forecast=False))
     simulate(trace, pol, decode="tiled")
     assert tail_flows.what_slo_did(pol.log, "L1") == (0.0, 0, pytest.approx(2.0))
-    assert tail_flows.what_slo_did(pol.log, "L2") == (1.0, 0, pytest.approx(8.5))
+    assert tail_flows.what_slo_did(pol.log, "L2") == (1.0, 0, pytest.approx(10.0))
     assert tail_flows.what_slo_did(pol.log, "nobody") == (None, 0, None)
