@@ -193,3 +193,18 @@ def forecast_trace_finish(**options) -> dict[str, float]:
     pol = make_policy("slo", cost, batching=False, **options)
     pol.forecast = TwoSecondForecast()
     return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}
+
+
+def tiles_only(policy):
+    """``policy`` (slo) with its plans' ``whole_decodes`` and ``hold_tiles`` emptied: every
+    decode goes through the loop's decode lane, as before session 18 (and as a late decode
+    outside the tail lane does). Returns ``policy``."""
+    schedule = policy.schedule
+
+    def plan(now, view):
+        p = schedule(now, view)
+        p.whole_decodes, p.hold_tiles = (), False
+        return p
+
+    policy.schedule = plan
+    return policy

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_factories import PAGE, req, table_profile, tiled_cost
+from sched_factories import PAGE, req, table_profile, tiled_cost, tiles_only
 
 from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.decode_lane import DecodeLane
@@ -242,15 +242,7 @@ def test_a_late_decode_runs_in_the_spare_time_the_plan_grants_by_hand():
         pol = make_policy("slo", cost, forecast=False, late_tile_margin=margin)
         result = simulate([late, ontime], pol, decode="tiled")
         whole[margin] = {r.request.id: r.finished for r in result.records}
-        pol = make_policy("slo", cost, forecast=False, late_tile_margin=margin)
-        schedule = pol.schedule
-
-        def tiles_only(now, view, schedule=schedule):
-            plan = schedule(now, view)
-            plan.whole_decodes, plan.hold_tiles = (), False
-            return plan
-
-        pol.schedule = tiles_only
+        pol = tiles_only(make_policy("slo", cost, forecast=False, late_tile_margin=margin))
         result = simulate([late, ontime], pol, decode="tiled")
         finish[margin] = {r.request.id: r.finished for r in result.records}
     assert whole[0.2] == whole[None] == {"L": pytest.approx(6.0), "B": pytest.approx(12.0)}

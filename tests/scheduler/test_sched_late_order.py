@@ -4,7 +4,7 @@ against them, ``late_rank="remaining"`` and ``late_decodes_first``, were not ado
 were removed in session 17.)"""
 
 import pytest
-from sched_factories import PAGE, req, table_cost, tiled_cost
+from sched_factories import PAGE, req, table_cost, tiled_cost, tiles_only
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.simulator import simulate
@@ -37,20 +37,6 @@ def test_slo_runs_late_requests_in_lane_order_by_hand():
     assert finish_times(res) == {"A": 10.0, "B": 12.0}
 
 
-def _tiles_only(policy):
-    """``policy`` with its plans' ``whole_decodes`` and ``hold_tiles`` emptied: every decode
-    goes through the loop's decode lane, as a late decode outside the tail lane does."""
-    schedule = policy.schedule
-
-    def plan(now, view):
-        p = schedule(now, view)
-        p.whole_decodes, p.hold_tiles = (), False
-        return p
-
-    policy.schedule = plan
-    return policy
-
-
 def test_slo_decodes_a_late_request_on_its_late_share_credit_by_hand():
     """L1 (2 steps, decode 2 s in 4 tiles, due 1) arrives at 0, L2 (6 steps, due 1.5) at
     0.5: both late at once, lane [L1, L2]; L1's steps run 0–2.
@@ -72,6 +58,6 @@ def test_slo_decodes_a_late_request_on_its_late_share_credit_by_hand():
     pol = make_policy("slo", cost, forecast=False)
     finish = finish_times(simulate(trace(), pol, decode="tiled"))
     assert finish == {"L1": pytest.approx(4.0), "L2": pytest.approx(12.0)}
-    pol = _tiles_only(make_policy("slo", cost, forecast=False))
+    pol = tiles_only(make_policy("slo", cost, forecast=False))
     finish = finish_times(simulate(trace(), pol, decode="tiled"))
     assert finish == {"L1": pytest.approx(10.0), "L2": pytest.approx(12.0)}

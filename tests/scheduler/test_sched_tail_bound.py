@@ -9,7 +9,7 @@ label never flips back. Exact timings (no noise), a 512² step costs 1 s and a 1
 import random
 
 import pytest
-from sched_factories import PAGE, req, table_cost, table_profile
+from sched_factories import PAGE, req, table_cost, table_profile, tiles_only
 
 from ditmem.scheduler import CostModel, make_policy
 from ditmem.scheduler.simulator import simulate
@@ -251,15 +251,7 @@ def test_without_whole_decodes_the_tiled_lane_breaks_the_fifo_bound():
         trace = _random_trace(rng, cost, trial)
         sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
         allowed, _ = _fifo_allowance(trace, cost, 1.0, **sim)
-        policy = make_policy("slo", cost, tail="fifo")
-        schedule = policy.schedule
-
-        def tiles_only(now, view, schedule=schedule):
-            plan = schedule(now, view)
-            plan.whole_decodes = ()
-            return plan
-
-        policy.schedule = tiles_only
+        policy = tiles_only(make_policy("slo", cost, tail="fifo"))
         res = simulate(trace, policy, decode="tiled", **sim)
         broken += any(r.finished - r.request.arrival > allowed[r.request.id] + 1e-6
                       for r in res.records)
