@@ -233,8 +233,12 @@ def _least_max_latency(rs, works, misses):
     return best
 
 
+# Arrivals on a 10-ms grid: the brute force's EDF check forgives 1e-9 s of lateness, so two
+# requests overlapping by less than that (hypothesis found arrivals 1e-9 s apart, each due
+# exactly its standalone time after it) pass there while the bound, exact, counts a miss.
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 8), st.integers(1, 4), st.floats(1.0, 3.0)),
+@given(st.lists(st.tuples(st.integers(0, 800).map(lambda k: k / 100), st.integers(1, 4),
+                          st.floats(1.0, 3.0)),
                 min_size=1, max_size=6), st.integers(0, 2))
 def test_joint_bound_is_never_above_the_brute_force_optimum(specs, misses):
     nc = node_cost()
