@@ -214,6 +214,16 @@ def _random_trace(rng, cost, trial, n=100, gap=1.8):
     return trace
 
 
+def _tiled_cases(cost, trials=8):
+    """(trial, trace, simulator options, FIFO allowance by id) of the tiled-decode tests:
+    random traces, memory tight or not."""
+    rng = random.Random(11)
+    for trial in range(trials):
+        trace = _random_trace(rng, cost, trial)
+        sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
+        yield trial, trace, sim, _fifo_allowance(trace, cost, 1.0, **sim)[0]
+
+
 def test_both_rules_hold_where_decodes_run_tile_by_tile():
     """Session 18: with ``decode="tiled"`` (``ditmem serve``'s default for slo) a member's
     decode used to wait for the decode lane's late share after its last step, outside the
@@ -222,11 +232,7 @@ def test_both_rules_hold_where_decodes_run_tile_by_tile():
     (``StepPlan.whole_decodes``): every flow stays within its FIFO allowance (against
     ``fifo`` run on the same trace and decode costs) and every ``"late"`` promise holds."""
     cost = _tiled_cost()
-    rng = random.Random(11)
-    for trial in range(8):
-        trace = _random_trace(rng, cost, trial)
-        sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
-        allowed, fifo_max = _fifo_allowance(trace, cost, 1.0, **sim)
+    for trial, trace, sim, allowed in _tiled_cases(cost):
         fifo_rule = _Watch(make_policy("slo", cost, tail="fifo"))
         res = simulate(trace, fifo_rule, decode="tiled", **sim)
         for r in res.records:
@@ -245,12 +251,8 @@ def test_without_whole_decodes_the_tiled_lane_breaks_the_fifo_bound():
     """The reference for the test above: the same rule with the plans' ``whole_decodes``
     emptied (the loop before session 18) lets some flow pass its FIFO allowance."""
     cost = _tiled_cost()
-    rng = random.Random(11)
     broken = 0
-    for trial in range(8):
-        trace = _random_trace(rng, cost, trial)
-        sim = dict(page_bytes=PAGE, device_pages=rng.choice((4, 64)))
-        allowed, _ = _fifo_allowance(trace, cost, 1.0, **sim)
+    for _, trace, sim, allowed in _tiled_cases(cost):
         policy = tiles_only(make_policy("slo", cost, tail="fifo"))
         res = simulate(trace, policy, decode="tiled", **sim)
         broken += any(r.finished - r.request.arrival > allowed[r.request.id] + 1e-6
