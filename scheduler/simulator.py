@@ -406,9 +406,8 @@ def simulate(
             else:
                 pieces = [noise.draw(t, "decode", cls) for t in truth.decode_tiles(s.request)]
                 if s.id in plan.whole_decodes:  # its tiles now, back to back (StepPlan)
-                    now += sum(pieces)
-                    busy += sum(pieces)
-                    whole_s += sum(pieces)
+                    spent = sum(pieces)
+                    now, busy, whole_s = now + spent, busy + spent, whole_s + spent
                     whole.append(s.request)
                     record(decoding.pop(s.id), now)
                     continue

@@ -303,15 +303,23 @@ class PlanExecutor:
         if job.id not in self._whole:
             return
         before = job.timing.decode_s
-        output = error = None
-        while output is None and error is None:
-            _, output, error = self.tiles.run(job.id)
+        while (delivered := self._run_tile(job.id)) is None:
+            pass
+        if delivered:
+            report.decode_s += job.timing.decode_s - before
+            report.decoded.append(job.sched)
+
+    def _run_tile(self, job_id: str) -> bool | None:
+        """Run the next decode tile of ``job_id``: None while tiles remain; True when that was
+        its last and the job is delivered; False when the tile raised and the job failed."""
+        job, output, error = self.tiles.run(job_id)
         if error is not None:
-            self.finish(job, error=RequestFailed(f"{job.id}: decode failed: {error!r}"))
-            return
-        report.decode_s += job.timing.decode_s - before
-        report.decoded.append(job.sched)
+            self.finish(job, error=RequestFailed(f"{job_id}: decode failed: {error!r}"))
+            return False
+        if output is None:
+            return None
         self.finish(job, output=output)
+        return True
 
     def _run_due_tile(self, plan) -> bool:
         """Run one decode tile instead of ``plan`` when a decode is due first, or a late
@@ -325,11 +333,7 @@ class PlanExecutor:
         job_id = self.tiles.pick(now, step_deadline(now, deadlines), plan.late_tiles_s)
         if job_id is None:
             return False
-        job, output, error = self.tiles.run(job_id)
-        if error is not None:
-            self.finish(job, error=RequestFailed(f"{job_id}: decode failed: {error!r}"))
-        elif output is not None:
-            self.finish(job, output=output)
+        self._run_tile(job_id)
         self.last_batch = ()
         self.publish()
         return True
