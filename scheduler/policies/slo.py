@@ -8,8 +8,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    model's best packing (``packing``: a 512² step on h200 costs 0.094 s alone and 0.073 s
    in a batch of 4), so requests that will share steps are not given up for work the
    batch never does; where the sum exceeds the device time
-   left before a deadline — minus the work that future arrivals are expected to slot in
-   first (``forecast``, learned online from recent arrivals) — the request with the most
+   left before a deadline — before a priority-0 request's deadline, minus the work that
+   future arrivals are expected to slot in first (``forecast``, learned online from recent
+   arrivals) — the request with the most
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
@@ -114,6 +115,8 @@ from .tail_lane import TailLane, is_last_step, member_work, plan_seconds
 
 INF = float("inf")
 
+#: Whose deadlines are charged the forecast of future arrivals (``SloPolicy``'s ``forecast``).
+FORECAST_MODES = ("priority0", "all", "off")
 #: The order of late requests in spare time (step 2): those that could still finish in time
 #: alone first, then as given up (``"lane"``); or simply oldest first (``"arrival"``).
 LATE_RANKS = ("lane", "arrival")
@@ -130,8 +133,15 @@ def _give_up_key(c: Candidate) -> float:
 class SloPolicy(Policy):
     """See the module docstring. Options (defaults measured in docs/results/scheduler.md):
 
-    * ``forecast`` — subtract the expected work of future earlier-due arrivals from the time
-      left before each deadline;
+    * ``forecast`` — whose deadlines lose the expected work of future earlier-due arrivals
+      from the time left before them (steps 1 and 3): ``"priority0"`` (default) a
+      priority-0 request's only, so lower-priority work is set aside for expected arrivals
+      only where it protects priority 0; ``"all"`` every request's (the rule before session
+      19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19": against
+      ``"all"``, ``"priority0"`` gains 0.1–0.35 point on every h200 mix (seed-mix, held-out
+      seeds, gamma CV 2, omni, wan, video-image) for −0.1 to −0.25 point of priority 0, and
+      on the demo traces run 3 % slower than their profile it misses 0.3–0.5 fewer requests
+      per trace than ``"all"`` beyond the clairvoyant's;
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
       (step 1; on by default);
@@ -184,7 +194,7 @@ class SloPolicy(Policy):
         self,
         cost,
         *,
-        forecast: bool = True,
+        forecast: str = "priority0",
         shield0: bool = True,
         take_back: bool = True,
         forecast_shield0: bool = False,
@@ -223,11 +233,14 @@ class SloPolicy(Policy):
         if chunk_budget is not None:
             self.chunk_budget = chunk_budget
         self.chunk_wait_share = chunk_wait_share
-        self.forecast = ArrivalForecast() if forecast else None
+        if forecast not in FORECAST_MODES:
+            raise ValueError(f"forecast must be one of {FORECAST_MODES}, got {forecast!r}")
+        self.forecast = ArrivalForecast() if forecast != "off" else None
+        self._forecast_all = forecast == "all"
         self.shield0 = shield0
         self.take_back = take_back
-        if forecast_shield0 and not forecast:
-            raise ValueError("forecast_shield0 needs forecast=True (it spares the lower-priority "
+        if forecast_shield0 and forecast == "off":
+            raise ValueError("forecast_shield0 needs a forecast (it spares the lower-priority "
                              "forecast charged to priority 0)")
         self.forecast_shield0 = forecast_shield0
         self.rescue0 = rescue0
@@ -313,7 +326,8 @@ class SloPolicy(Policy):
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
         then (of requests not counted in ``self._skip``), future arrivals that could outrank
-        it are expected to take their share, and a ``margin`` fraction is kept spare. With
+        it are expected to take their share (``forecast``: for priority 0 only, or for
+        every priority, or none), and a ``margin`` fraction is kept spare. With
         ``see_decodes``, the pending decodes due before ``due`` (the request's deadline,
         default ``now + delta``) take theirs: after a step of T s the window is
         ``delta - T`` but the decodes due before the deadline still run in it."""
@@ -323,7 +337,7 @@ class SloPolicy(Policy):
             if decode_due >= until:
                 break
             cap -= seconds
-        if self.forecast is not None:
+        if self.forecast is not None and (priority == 0 or self._forecast_all):
             cap -= self.forecast.work_before(delta, now)
         return cap
 

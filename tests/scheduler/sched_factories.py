@@ -181,13 +181,14 @@ class TwoSecondForecast:
         return 2.0 if delta > 3.0 else 0.0
 
 
-def forecast_trace_finish(**options) -> dict[str, float]:
+def forecast_trace_finish(a_priority: int = 1, **options) -> dict[str, float]:
     """Session 11's give-up trace (steps of 1 s, one request a step, no batching): B (due
-    1.5, 1 step) and A (due 6.5, 4 steps) at 0, C (due 2.5, 1 step) at 1, D (due 9, 2 steps)
-    at 2, under ``slo`` with ``options`` and a ``TwoSecondForecast``; each id's finish (s)."""
+    1.5, 1 step) and A (due 6.5, 4 steps, priority ``a_priority``) at 0, C (due 2.5, 1 step)
+    at 1, D (due 9, 2 steps) at 2, all others priority 1, under ``slo`` with ``options`` and a
+    ``TwoSecondForecast``; each id's finish (s)."""
     cost = table_cost()
     trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
-             req("A", 0.0, steps=4, slo_ms=6_500, cost=cost),
+             req("A", 0.0, steps=4, priority=a_priority, slo_ms=6_500, cost=cost),
              req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
              req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
     pol = make_policy("slo", cost, batching=False, **options)

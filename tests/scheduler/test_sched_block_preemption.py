@@ -97,7 +97,7 @@ def test_slo_parks_a_long_step_only_when_the_arrivals_slack_needs_it():
 
 
 def _slo(cost):
-    pol = make_policy("slo", cost, forecast=False)
+    pol = make_policy("slo", cost, forecast="off")
     pol.fixed_chunk = 2
     return pol
 

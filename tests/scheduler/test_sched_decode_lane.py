@@ -239,10 +239,10 @@ def test_a_late_decode_runs_in_the_spare_time_the_plan_grants_by_hand():
     ontime = req("B", 3.5, steps=4, slo_ms=30_000, cost=cost)
     finish, whole = {}, {}
     for margin in (0.2, None):
-        pol = make_policy("slo", cost, forecast=False, late_tile_margin=margin)
+        pol = make_policy("slo", cost, forecast="off", late_tile_margin=margin)
         result = simulate([late, ontime], pol, decode="tiled")
         whole[margin] = {r.request.id: r.finished for r in result.records}
-        pol = tiles_only(make_policy("slo", cost, forecast=False, late_tile_margin=margin))
+        pol = tiles_only(make_policy("slo", cost, forecast="off", late_tile_margin=margin))
         result = simulate([late, ontime], pol, decode="tiled")
         finish[margin] = {r.request.id: r.finished for r in result.records}
     assert whole[0.2] == whole[None] == {"L": pytest.approx(6.0), "B": pytest.approx(12.0)}

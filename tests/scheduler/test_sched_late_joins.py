@@ -1,6 +1,7 @@
 """slo's late joiners and the forecast in the give-up rule (issue 13, session 11): a request
 already given up joins an on-time request's step while that request keeps slack >= 0 after
-it; forecast work alone can set a request aside — hand-computed schedules.
+it; forecast work alone can set a request aside, where the forecast is charged (priority 0
+only, by default, since session 19) — hand-computed schedules.
 (``late_joins_free``, a joiner taking no slack at all, and ``give_up_forecast``, were
 measured, not adopted, and removed in session 17.)"""
 
@@ -19,7 +20,7 @@ def finish_times(**options):
     trace = [req("L", 0.0, steps=4, slo_ms=1_000, cost=cost),
              req("A", 0.0, steps=4, slo_ms=5_500, cost=cost),
              req("B", 3.0, steps=1, slo_ms=1_500, cost=cost)]
-    pol = make_policy("slo", cost, forecast=False, **options)
+    pol = make_policy("slo", cost, forecast="off", **options)
     res = simulate(trace, pol, page_bytes=PAGE)
     return {rec.request.id: rec.finished for rec in res.records}
 
@@ -35,9 +36,38 @@ def test_late_joiner_takes_an_on_time_requests_slack_by_default():
                               "B": pytest.approx(4.2)}
 
 
-def test_the_forecast_alone_can_give_a_request_up():
+#: Session 11's schedule when A is set aside for forecast work alone: B 0–1, C (arrives 1,
+#: due 2.5) 1–2, D (arrives 2, due 9, on time) 2–4, late A 4–8.
+A_SET_ASIDE = {"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0}
+#: ... when A is kept: B 0–1, C 1–2, A (due 6.5) 2–6 before D (due 9) 6–8.
+A_KEPT = {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0}
+#: ... when A is priority 0: its pick is swapped (``shield0``) for B (1 s covers the 0.5-s
+#: overrun); A runs 0–4; at 1 C's arrival makes A's prefix (C 1 s + A 3 s by 6.5, 5.5 − 2 s
+#: left) overrun by 0.5 again and C is set aside the same way; D 4–6, late B 6–7, C 7–8.
+A_P0_SWAPPED = {"A": 4.0, "D": 6.0, "B": 7.0, "C": 8.0}
+
+
+@pytest.mark.parametrize("a_priority, forecast, expected", [
+    (0, "priority0", A_P0_SWAPPED),
+    (1, "priority0", A_KEPT),
+    (2, "priority0", A_KEPT),
+    (0, "all", A_P0_SWAPPED),
+    (1, "all", A_SET_ASIDE),
+])
+def test_the_forecast_gives_up_only_where_it_is_charged(a_priority, forecast, expected):
     """Steps of 1 s, one request a step; the forecast charges 2 s before any deadline more
-    than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5 with
-    6.5 − 2 = 4.5 left: an overrun of 0.5 s, all of it forecast work, and A is set aside:
-    B 0–1, C (arrives 1, due 2.5) 1–2, D (arrives 2, due 9, on time) 2–4, late A 4–8."""
-    assert forecast_trace_finish() == pytest.approx({"B": 1.0, "C": 2.0, "D": 4.0, "A": 8.0})
+    than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5. Where A's
+    deadline is charged the forecast (A priority 0; any priority with ``forecast="all"``)
+    6.5 − 2 = 4.5 s are left: an overrun of 0.5 s, all of it forecast work, and someone is
+    set aside (A itself at priority 1; at priority 0, B and then C by the swap); where it
+    is not (A priority 1 or 2 under the default ``"priority0"``) the 5 s fit in 6.5 and A
+    is kept and met."""
+    finish = forecast_trace_finish(a_priority, forecast=forecast)
+    assert finish == pytest.approx(expected)
+
+
+def test_forecast_mode_is_checked():
+    with pytest.raises(ValueError, match="forecast must be one of"):
+        make_policy("slo", table_cost(), forecast=False)
+    with pytest.raises(ValueError, match="forecast_shield0 needs a forecast"):
+        make_policy("slo", table_cost(), forecast="off", forecast_shield0=True)

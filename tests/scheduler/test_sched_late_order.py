@@ -31,9 +31,9 @@ def test_slo_runs_late_requests_in_lane_order_by_hand():
         return [req("A", 0.0, steps=10, slo_ms=5_000, cost=cost),
                 req("B", 0.5, steps=2, slo_ms=1_000, cost=cost)]
 
-    res = run("slo", trace(), cost, forecast=False)
+    res = run("slo", trace(), cost, forecast="off")
     assert finish_times(res) == {"A": 10.0, "B": 12.0}
-    res = run("slo", trace(), cost, forecast=False, late_rank="arrival")
+    res = run("slo", trace(), cost, forecast="off", late_rank="arrival")
     assert finish_times(res) == {"A": 10.0, "B": 12.0}
 
 
@@ -55,9 +55,9 @@ def test_slo_decodes_a_late_request_on_its_late_share_credit_by_hand():
         return [req("L1", 0.0, steps=2, slo_ms=1_000, cost=cost),
                 req("L2", 0.5, steps=6, slo_ms=1_000, cost=cost)]
 
-    pol = make_policy("slo", cost, forecast=False)
+    pol = make_policy("slo", cost, forecast="off")
     finish = finish_times(simulate(trace(), pol, decode="tiled"))
     assert finish == {"L1": pytest.approx(4.0), "L2": pytest.approx(12.0)}
-    pol = tiles_only(make_policy("slo", cost, forecast=False))
+    pol = tiles_only(make_policy("slo", cost, forecast="off"))
     finish = finish_times(simulate(trace(), pol, decode="tiled"))
     assert finish == {"L1": pytest.approx(10.0), "L2": pytest.approx(12.0)}

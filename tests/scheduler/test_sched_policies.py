@@ -111,7 +111,7 @@ def test_slo_admission_offloads_the_latest_deadline_to_make_room():
     eng.start(req("far", 0.0, steps=10, slo_ms=500_000, cost=cost), steps_done=3)
     eng.start(req("mid", 0.0, steps=10, slo_ms=300_000, cost=cost), steps_done=3)
     urgent = eng.arrive(req("urgent", 1.0, steps=2, slo_ms=5_000, cost=cost))
-    plan = make_policy("slo", cost, forecast=False).schedule(1.0, eng.view())
+    plan = make_policy("slo", cost, forecast="off").schedule(1.0, eng.view())
     assert plan.batch == [urgent.id] and plan.admit == [urgent.id]
     assert plan.offload == ["far"]
 
@@ -121,7 +121,7 @@ def test_slo_restores_a_host_request_offloading_a_later_one():
     eng = HandEngine(cost, total_pages=1, host_pages=2)
     eng.start(req("host", 0.0, steps=4, slo_ms=10_000, cost=cost), on_host=True)
     eng.start(req("dev", 0.0, steps=4, slo_ms=90_000, cost=cost))
-    plan = make_policy("slo", cost, forecast=False).schedule(0.0, eng.view())
+    plan = make_policy("slo", cost, forecast="off").schedule(0.0, eng.view())
     assert plan.batch == ["host"] and plan.restore == ["host"] and plan.offload == ["dev"]
 
 
@@ -130,7 +130,7 @@ def test_slo_runs_what_is_on_device_when_the_host_pool_is_full():
     eng = HandEngine(cost, total_pages=1, host_pages=1)
     eng.start(req("host", 0.0, steps=4, slo_ms=10_000, cost=cost), on_host=True)
     eng.start(req("dev", 0.0, steps=4, slo_ms=90_000, cost=cost))
-    plan = make_policy("slo", cost, forecast=False).schedule(0.0, eng.view())
+    plan = make_policy("slo", cost, forecast="off").schedule(0.0, eng.view())
     assert plan.batch == ["dev"] and not plan.offload and not plan.restore
 
 
@@ -175,10 +175,10 @@ def test_slo_counts_packed_steps_when_it_decides_whom_to_give_up():
         return out + [req(f"t{k:02d}", 8.0 + 2 * k, steps=4, slo_ms=40_000, cost=cost)
                       for k in range(17)]
 
-    batch1 = run("slo", trace(), cost, packing=0.0, forecast=False)
+    batch1 = run("slo", trace(), cost, packing=0.0, forecast="off")
     assert [r.request.id for r in batch1.records if not r.met] == ["big"]
     assert finish_times(batch1)["big"] > 50.0
-    packed = run("slo", trace(), cost, forecast=False)
+    packed = run("slo", trace(), cost, forecast="off")
     assert all(r.met for r in packed.records)
     assert finish_times(packed)["big"] <= 25.0
 
@@ -199,9 +199,9 @@ def test_slo_takes_back_a_give_up_a_later_one_made_needless_by_hand():
                 req("B", 0.0, steps=8, slo_ms=9_000, cost=cost),
                 req("D", 0.0, steps=2, slo_ms=20_000, cost=cost)]
 
-    res = simulate(trace(), make_policy("slo", cost, forecast=False), page_bytes=PAGE)
+    res = simulate(trace(), make_policy("slo", cost, forecast="off"), page_bytes=PAGE)
     assert finish_times(res) == {"S": 2.0, "A": 5.0, "D": 7.0, "B": 15.0}
-    res = simulate(trace(), make_policy("slo", cost, forecast=False, take_back=False),
+    res = simulate(trace(), make_policy("slo", cost, forecast="off", take_back=False),
                    page_bytes=PAGE)
     done = finish_times(res)
     assert done["S"] == 2.0 and done["D"] == 4.0 and done["A"] == 7.0 and done["B"] == 15.0
@@ -218,7 +218,7 @@ def test_slo_runs_late_requests_oldest_first_by_hand():
     for rank, head in (("arrival", "A"), ("lane", "B")):
         eng = HandEngine(cost)
         eng.arrive(req("A", 0.0, steps=4, slo_ms=10_000, cost=cost))
-        pol = make_policy("slo", cost, forecast=False, late_rank=rank)
+        pol = make_policy("slo", cost, forecast="off", late_rank=rank)
         assert pol.schedule(0.5, eng.view()).batch == ["A"]
         eng.arrive(req("B", 1.0, steps=4, slo_ms=2_000, cost=cost))
         assert pol.schedule(1.0, eng.view()).batch == ["A"]  # B given up: late lane [B]

@@ -67,7 +67,7 @@ def test_offload_and_restore_cost_device_time():
         req("long", 0.0, steps=6, slo_ms=100_000, cost=cost),
         req("short", 1.5, steps=1, slo_ms=3_000, cost=cost),
     ]
-    res = simulate(reqs, make_policy("slo", cost, forecast=False), page_bytes=PAGE, device_pages=1)
+    res = simulate(reqs, make_policy("slo", cost, forecast="off"), page_bytes=PAGE, device_pages=1)
     fin = {r.request.id: r.finished for r in res.records}
     # t=2: offload "long" (0.5 s) + run "short" (1 s) -> 3.5; restore (0.5 s) + 4 steps -> 8.
     assert fin == {"short": pytest.approx(3.5), "long": pytest.approx(8.0)}

@@ -14,7 +14,7 @@ def finish_times(result):
 
 
 def run(reqs, cost):
-    pol = make_policy("slo", cost, forecast=False, batching=False)
+    pol = make_policy("slo", cost, forecast="off", batching=False)
     return simulate(reqs, pol, page_bytes=PAGE)
 
 

@@ -11,7 +11,7 @@ from ditmem.scheduler.simulator import simulate
 
 
 def outcome(reqs, cost, **kw):
-    res = simulate(reqs, make_policy("slo", cost, forecast=False, **kw), page_bytes=PAGE)
+    res = simulate(reqs, make_policy("slo", cost, forecast="off", **kw), page_bytes=PAGE)
     return {r.request.id: (r.finished, r.met) for r in res.records}
 
 
@@ -80,11 +80,13 @@ def test_late_requests_that_can_still_make_it_alone_run_first():
     # of arriving, i.e. 1.6 s expected to slot in ahead of a deadline 5 s away.
     for i, t in enumerate((5.0, 5.5, 6.0, 6.5)):
         eng.arrive(req(f"F{i}", t, steps=1, slo_ms=3_000, cost=cost))
-    # L needs 4 s by 15 s: feasible alone, but not with 1.6 s forecast ahead of it (late).
+    # L needs 4 s by 15 s: feasible alone, but not with 1.6 s forecast ahead of it (late;
+    # L is priority 1, so only where every deadline is charged the forecast).
     eng.arrive(req("L", 10.0, steps=4, slo_ms=5_000, cost=cost))
     # late_rank="lane" (default) runs L first; "arrival" the oldest late request
-    alive = make_policy("slo", cost).schedule(10.0, eng.view())
-    oldest = make_policy("slo", cost, late_rank="arrival").schedule(10.0, eng.view())
+    alive = make_policy("slo", cost, forecast="all").schedule(10.0, eng.view())
+    oldest = make_policy("slo", cost, forecast="all", late_rank="arrival").schedule(
+        10.0, eng.view())
     assert alive.batch == ["L"]
     assert oldest.batch == ["F0"]
 
@@ -122,7 +124,7 @@ def test_a_joiner_leaves_a_priority0_request_its_margin():
             req("P", 0.0, steps=10, priority=0, slo_ms=11_250, cost=cost),
             req("J", 0.0, steps=10, priority=2, slo_ms=100_000, cost=cost),
         ]
-        pol = _Recording(make_policy("slo", cost, forecast=False, join_margin0=margin))
+        pol = _Recording(make_policy("slo", cost, forecast="off", join_margin0=margin))
         res = simulate(reqs, pol, page_bytes=PAGE, noise=TimingNoise(sigma=0.0, bias=bias))
         pairs = [start for start, _, batch in pol.steps if len(batch) == 2]
         p = next(r for r in res.records if r.request.id == "P")
@@ -169,7 +171,7 @@ def test_forecast_shield0_keeps_a_priority0_request_the_forecast_would_give_up()
     # Forecast priority-0 arrivals outrank nobody: L is given up either way.
     assert late_at_10(0, forecast_shield0=True)
     with pytest.raises(ValueError, match="forecast_shield0"):
-        make_policy("slo", cost, forecast_shield0=True, forecast=False)
+        make_policy("slo", cost, forecast_shield0=True, forecast="off")
 
 
 def test_lone_p0_unpacked_counts_a_shapeless_p0_request_at_batch1():
@@ -193,5 +195,5 @@ def test_lone_p0_unpacked_counts_a_shapeless_p0_request_at_batch1():
     eng = HandEngine(cost)
     for r in reqs + [req("Z", 0.0, steps=1, priority=2, slo_ms=100_000, cost=cost)]:
         eng.arrive(r)
-    plan = make_policy("slo", cost, forecast=False, lone_p0_unpacked=True).schedule(0.0, eng.view())
+    plan = make_policy("slo", cost, forecast="off", lone_p0_unpacked=True).schedule(0.0, eng.view())
     assert plan.batch[0] == "X"

@@ -65,7 +65,7 @@ def test_fifo_rule_no_request_waits_longer_than_fifos_worst_against_an_urgent_st
     trace = _adversary(cost)
     sim = dict(page_bytes=PAGE, device_pages=1)  # memory full whenever anything is in
     allowed, fifo_max = _fifo_allowance(trace, cost, factor, **sim)
-    policy = _Watch(make_policy("slo", cost, tail="fifo", tail_factor=factor, forecast=False))
+    policy = _Watch(make_policy("slo", cost, tail="fifo", tail_factor=factor, forecast="off"))
     res = simulate(trace, policy, **sim)
     rec = {r.request.id: r for r in res.records}
     assert not rec["L"].met
@@ -82,7 +82,7 @@ def test_fifo_rule_no_request_waits_longer_than_fifos_worst_against_an_urgent_st
         return
     assert worst == pytest.approx(fifo_max)  # fifo's maximum is the least possible
     # the previous rule (late lane, default) lets the stream push L past fifo's worst
-    late = simulate(trace, make_policy("slo", cost, tail="late", forecast=False), **sim)
+    late = simulate(trace, make_policy("slo", cost, tail="late", forecast="off"), **sim)
     large = next(r for r in late.records if r.request.id == "L")
     assert large.finished - large.request.arrival > fifo_max + 20
 
@@ -117,7 +117,7 @@ def test_a_large_late_request_meets_its_second_deadline_against_an_urgent_stream
     cost = table_cost(link=1e15)  # transfers ~free: the bound is exact
     trace = _adversary(cost)
     policy = _Watch(make_policy("slo", cost, tail="late", late_windows=windows,
-                                late_share=share, forecast=False))
+                                late_share=share, forecast="off"))
     # one device page: memory is full whenever anything is in
     res = simulate(trace, policy, page_bytes=PAGE, device_pages=1)
     rec = {r.request.id: r for r in res.records}
@@ -140,7 +140,7 @@ def test_without_the_lane_the_stream_pushes_the_large_request_past_that_bound():
     cost = table_cost(link=1e15)
     trace = _adversary(cost)
     # a promise so far away that it never binds: the previous rule (spare time only)
-    res = simulate(trace, make_policy("slo", cost, tail="late", late_windows=1e9, forecast=False),
+    res = simulate(trace, make_policy("slo", cost, tail="late", late_windows=1e9, forecast="off"),
                    page_bytes=PAGE, device_pages=1)
     large = next(r for r in res.records if r.request.id == "L")
     bound = large.request.deadline + 0.5 * (large.request.deadline - large.request.arrival)

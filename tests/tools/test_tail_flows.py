@@ -35,7 +35,7 @@ def test_what_slo_did_on_a_hand_schedule(tail_flows):
     cost = CostModel.from_dict(data)
     trace = [req("L1", 0.0, steps=2, slo_ms=1_000, cost=cost),
              req("L2", 0.5, steps=6, slo_ms=1_000, cost=cost)]
-    pol = DecisionLog(make_policy("slo", cost, forecast=False))
+    pol = DecisionLog(make_policy("slo", cost, forecast="off"))
     simulate(trace, pol, decode="tiled")
     assert tail_flows.what_slo_did(pol.log, "L1") == (0.0, 0, pytest.approx(2.0))
     assert tail_flows.what_slo_did(pol.log, "L2") == (1.0, 0, pytest.approx(10.0))
