@@ -140,8 +140,9 @@ class SloPolicy(Policy):
       19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19": against
       ``"all"``, ``"priority0"`` gains 0.1–0.35 point on every h200 mix (seed-mix, held-out
       seeds, gamma CV 2, omni, wan, video-image) for −0.1 to −0.25 point of priority 0, and
-      on the demo traces run 3 % slower than their profile it misses 0.3–0.5 fewer requests
-      per trace than ``"all"`` beyond the clairvoyant's;
+      on 270 demo traces run at ×1.00–1.05 of their profile's speed it misses 1.29 requests
+      per trace beyond the clairvoyant's instead of 1.51 (``"off"``: 1.23, but worse at ×1.05
+      and a point of priority 0 lower on h200);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
       (step 1; on by default);
