@@ -39,6 +39,7 @@ class ArrivalForecast:
         self._sums: dict[int, _ClassSums] | None = None
         self._span = 0.0
         self._min_slack: float | None = None
+        self._top: int | None = None
 
     @property
     def latest(self) -> float:
@@ -53,6 +54,7 @@ class ArrivalForecast:
                 self._latest = r.arrival
                 self._sums = None
                 self._min_slack = None
+                self._top = None
 
     def _rebuild(self, now: float) -> dict[int, _ClassSums]:
         by_class: dict[int, list[tuple[float, float]]] = {p: [] for p in PRIORITY_WEIGHTS}
@@ -64,6 +66,15 @@ class ArrivalForecast:
         longest = max(w for _, _, w, _ in self._recent)
         self._span = max(now - self._recent[0][0], longest)
         return self._sums
+
+    def top_priority(self) -> int | None:
+        """The highest priority (lowest number) among the recent arrivals (None before
+        any)."""
+        if not self._recent:
+            return None
+        if self._top is None:
+            self._top = min(p for *_, p in self._recent)
+        return self._top
 
     def min_slack(self) -> float | None:
         """Least ``SLO window − standalone time`` among the recent arrivals (seconds; None

@@ -8,9 +8,9 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    model's best packing (``packing``: a 512² step on h200 costs 0.094 s alone and 0.073 s
    in a batch of 4), so requests that will share steps are not given up for work the
    batch never does; where the sum exceeds the device time
-   left before a deadline — before a priority-0 request's deadline, minus the work that
-   future arrivals are expected to slot in first (``forecast``, learned online from recent
-   arrivals) — the request with the most
+   left before a deadline — before the deadline of a request of the highest priority class
+   among recent arrivals, minus the work that future arrivals are expected to slot in first
+   (``forecast``, learned online from recent arrivals) — the request with the most
    remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
@@ -116,7 +116,7 @@ from .tail_lane import TailLane, is_last_step, member_work, plan_seconds
 INF = float("inf")
 
 #: Whose deadlines are charged the forecast of future arrivals (``SloPolicy``'s ``forecast``).
-FORECAST_MODES = ("priority0", "all", "off")
+FORECAST_MODES = ("top", "all", "off")
 #: The order of late requests in spare time (step 2): those that could still finish in time
 #: alone first, then as given up (``"lane"``); or simply oldest first (``"arrival"``).
 LATE_RANKS = ("lane", "arrival")
@@ -134,15 +134,18 @@ class SloPolicy(Policy):
     """See the module docstring. Options (defaults measured in docs/results/scheduler.md):
 
     * ``forecast`` — whose deadlines lose the expected work of future earlier-due arrivals
-      from the time left before them (steps 1 and 3): ``"priority0"`` (default) a
-      priority-0 request's only, so lower-priority work is set aside for expected arrivals
-      only where it protects priority 0; ``"all"`` every request's (the rule before session
-      19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19": against
-      ``"all"``, ``"priority0"`` gains 0.1–0.35 point on every h200 mix (seed-mix, held-out
-      seeds, gamma CV 2, omni, wan, video-image) for −0.1 to −0.25 point of priority 0, and
-      on 270 demo traces run at ×1.00–1.05 of their profile's speed it misses 1.29 requests
-      per trace beyond the clairvoyant's instead of 1.51 (``"off"``: 1.23, but worse at ×1.05
-      and a point of priority 0 lower on h200);
+      from the time left before them (steps 1 and 3): ``"top"`` (default) those of the
+      highest priority class among the recent arrivals only (``ArrivalForecast.
+      top_priority``: priority 0 where it arrives), so lower-priority work is set aside for
+      expected arrivals only where it protects the top class — on traffic of one class
+      that is every request, as ``"all"``; ``"all"`` every request's (the rule before
+      session 19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19":
+      against ``"all"``, ``"top"`` gains 0.08–0.35 point on the h200 mixes with priorities
+      (seed-mix, held-out seeds, gamma CV 2, wan, video-image) for −0.1 to −0.25 point of
+      priority 0, and on 270 demo traces run at ×1.00–1.05 of their profile's speed it
+      misses 1.29 requests per trace beyond the clairvoyant's instead of 1.51 (``"off"``:
+      1.23, but worse at ×1.05, a point of priority 0 lower on h200, and on one-class
+      HTTP-bench traffic up to a point of client attainment lower);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
       (step 1; on by default);
@@ -195,7 +198,7 @@ class SloPolicy(Policy):
         self,
         cost,
         *,
-        forecast: str = "priority0",
+        forecast: str = "top",
         shield0: bool = True,
         take_back: bool = True,
         forecast_shield0: bool = False,
@@ -327,8 +330,8 @@ class SloPolicy(Policy):
         """Device seconds left to present work within ``delta`` seconds for a request of
         ``priority``: the lane's as-late-as-possible schedule takes the work it must do by
         then (of requests not counted in ``self._skip``), future arrivals that could outrank
-        it are expected to take their share (``forecast``: for priority 0 only, or for
-        every priority, or none), and a ``margin`` fraction is kept spare. With
+        it are expected to take their share (``forecast``: for the top class only, or
+        for every priority, or none), and a ``margin`` fraction is kept spare. With
         ``see_decodes``, the pending decodes due before ``due`` (the request's deadline,
         default ``now + delta``) take theirs: after a step of T s the window is
         ``delta - T`` but the decodes due before the deadline still run in it."""
@@ -338,7 +341,9 @@ class SloPolicy(Policy):
             if decode_due >= until:
                 break
             cap -= seconds
-        if self.forecast is not None and (priority == 0 or self._forecast_all):
+        if self.forecast is not None and (
+                self._forecast_all or priority <= (self.forecast.top_priority() or 0)):
+            # (no arrival seen yet: the forecast is 0 anyway)
             cap -= self.forecast.work_before(delta, now)
         return cap
 

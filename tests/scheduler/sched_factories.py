@@ -170,9 +170,16 @@ def edf_feasible(jobs) -> bool:
 
 class TwoSecondForecast:
     """A forecast stub for the give-up rule: 2 s of expected earlier-due arrivals within any
-    window over 3 s, none within shorter ones."""
+    window over 3 s, none within shorter ones; its arrivals' highest priority class is
+    ``top`` (0: priority 0 arrives)."""
 
     latest = float("inf")
+
+    def __init__(self, top: int = 0):
+        self.top = top
+
+    def top_priority(self):
+        return self.top
 
     def see(self, requests):
         pass
@@ -181,18 +188,18 @@ class TwoSecondForecast:
         return 2.0 if delta > 3.0 else 0.0
 
 
-def forecast_trace_finish(a_priority: int = 1, **options) -> dict[str, float]:
+def forecast_trace_finish(a_priority: int = 1, top: int = 0, **options) -> dict[str, float]:
     """Session 11's give-up trace (steps of 1 s, one request a step, no batching): B (due
     1.5, 1 step) and A (due 6.5, 4 steps, priority ``a_priority``) at 0, C (due 2.5, 1 step)
     at 1, D (due 9, 2 steps) at 2, all others priority 1, under ``slo`` with ``options`` and a
-    ``TwoSecondForecast``; each id's finish (s)."""
+    ``TwoSecondForecast(top)``; each id's finish (s)."""
     cost = table_cost()
     trace = [req("B", 0.0, steps=1, slo_ms=1_500, cost=cost),
              req("A", 0.0, steps=4, priority=a_priority, slo_ms=6_500, cost=cost),
              req("C", 1.0, steps=1, slo_ms=1_500, cost=cost),
              req("D", 2.0, steps=2, slo_ms=7_000, cost=cost)]
     pol = make_policy("slo", cost, batching=False, **options)
-    pol.forecast = TwoSecondForecast()
+    pol.forecast = TwoSecondForecast(top)
     return {rec.request.id: rec.finished for rec in simulate(trace, pol, page_bytes=PAGE).records}
 
 

@@ -1,7 +1,7 @@
 """slo's late joiners and the forecast in the give-up rule (issue 13, session 11): a request
 already given up joins an on-time request's step while that request keeps slack >= 0 after
-it; forecast work alone can set a request aside, where the forecast is charged (priority 0
-only, by default, since session 19) — hand-computed schedules.
+it; forecast work alone can set a request aside, where the forecast is charged (the top
+priority class only, by default, since session 19) — hand-computed schedules.
 (``late_joins_free``, a joiner taking no slack at all, and ``give_up_forecast``, were
 measured, not adopted, and removed in session 17.)"""
 
@@ -47,22 +47,24 @@ A_KEPT = {"B": 1.0, "C": 2.0, "A": 6.0, "D": 8.0}
 A_P0_SWAPPED = {"A": 4.0, "D": 6.0, "B": 7.0, "C": 8.0}
 
 
-@pytest.mark.parametrize("a_priority, forecast, expected", [
-    (0, "priority0", A_P0_SWAPPED),
-    (1, "priority0", A_KEPT),
-    (2, "priority0", A_KEPT),
-    (0, "all", A_P0_SWAPPED),
-    (1, "all", A_SET_ASIDE),
+@pytest.mark.parametrize("a_priority, top, forecast, expected", [
+    (0, 0, "top", A_P0_SWAPPED),
+    (1, 0, "top", A_KEPT),
+    (2, 0, "top", A_KEPT),
+    (1, 1, "top", A_SET_ASIDE),
+    (0, 0, "all", A_P0_SWAPPED),
+    (1, 0, "all", A_SET_ASIDE),
 ])
-def test_the_forecast_gives_up_only_where_it_is_charged(a_priority, forecast, expected):
+def test_the_forecast_gives_up_only_where_it_is_charged(a_priority, top, forecast, expected):
     """Steps of 1 s, one request a step; the forecast charges 2 s before any deadline more
     than 3 s away. At 0: B (due 1.5) fits; A (due 6.5) with B needs 5 s by 6.5. Where A's
-    deadline is charged the forecast (A priority 0; any priority with ``forecast="all"``)
-    6.5 − 2 = 4.5 s are left: an overrun of 0.5 s, all of it forecast work, and someone is
-    set aside (A itself at priority 1; at priority 0, B and then C by the swap); where it
-    is not (A priority 1 or 2 under the default ``"priority0"``) the 5 s fit in 6.5 and A
-    is kept and met."""
-    finish = forecast_trace_finish(a_priority, forecast=forecast)
+    deadline is charged the forecast — A of the top class among the arrivals (priority 0
+    where priority 0 arrives; priority 1 where nothing higher does), or any priority with
+    ``forecast="all"`` — 6.5 − 2 = 4.5 s are left: an overrun of 0.5 s, all of it forecast
+    work, and someone is set aside (A itself at priority 1; at priority 0, B and then C by
+    the swap); where it is not (A priority 1 or 2 below a top class 0, under the default
+    ``"top"``) the 5 s fit in 6.5 and A is kept and met."""
+    finish = forecast_trace_finish(a_priority, top, forecast=forecast)
     assert finish == pytest.approx(expected)
 
 
