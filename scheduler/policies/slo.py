@@ -141,8 +141,8 @@ class SloPolicy(Policy):
       that is every request, as ``"all"``; ``"all"`` every request's (the rule before
       session 19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19":
       against ``"all"``, ``"top"`` gains 0.08–0.35 point on the h200 mixes with priorities
-      (seed-mix, held-out seeds, gamma CV 2, wan, video-image) for −0.1 to −0.25 point of
-      priority 0, and on 270 demo traces run at ×1.00–1.05 of their profile's speed it
+      (seed-mix, held-out seeds, gamma CV 2, wan, video-image) for up to 0.25 point of
+      priority 0 (video-image: +0.05), and on 270 demo traces run at ×1.00–1.05 of their profile's speed it
       misses 1.29 requests per trace beyond the clairvoyant's instead of 1.51 (``"off"``:
       1.23, but worse at ×1.05, a point of priority 0 lower on h200, and on one-class
       HTTP-bench traffic up to a point of client attainment lower);
