@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serving"))
 
+from class_drift import seeds_arg  # noqa: E402
 from demo_prediction import demo_trace  # noqa: E402
 from replay_bench import parse_setting  # noqa: E402
 
@@ -46,28 +47,18 @@ log = logging.getLogger("demo_excess")
 RESULTS = Path(__file__).resolve().parents[1] / "serving" / "results"
 
 
-def seed_range(text: str) -> list[int]:
-    """``"0-9"`` or ``"3"`` -> the seeds."""
-    lo, _, hi = text.partition("-")
-    try:
-        return list(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise SystemExit(f"--seeds: expected N or A-B, got {text!r}") from None
-
-
 def replay(profile: str, factor: float, seeds: list[int],
            settings: list[tuple[str, dict]]) -> dict:
     """One (profile, speed factor) cell: per setting the excess misses of each trace."""
     base = CostModel.load(str(RESULTS / f"{profile}_profile.json"))
-    truth = scale_profile(base.profile, {k: factor for k in KINDS})
+    run_cost = CostModel(scale_profile(base.profile, {k: factor for k in KINDS}))
     out = {label: {"excess": [], "p99_s": []} for label, _ in settings}
     for seed in seeds:
         trace = demo_trace(base, 2, 150, seed, 0.8, True)
-        run_cost = CostModel(truth)
         clair = clairvoyant_misses(as_run(trace, run_cost), run_cost)
         for label, options in settings:
             policy, _ = make_policy_and_cost("slo", CostModel(base.profile), options)
-            sim = simulate([dataclasses.replace(r) for r in trace], policy, CostModel(truth),
+            sim = simulate([dataclasses.replace(r) for r in trace], policy, run_cost,
                            decode="tiled", noise=TimingNoise(DEFAULT_SIGMA, 0.0, seed))
             out[label]["excess"].append(sum(not r.met for r in sim.records) - clair)
             out[label]["p99_s"].append(summarize(sim.records)["p99_s"])
@@ -78,7 +69,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profiles", default="demo_s18_run2,demo_s18_run3,demo_s17_run2",
                     help="saved demo runs (names under benchmarks/serving/results)")
-    ap.add_argument("--seeds", default="0-9", help="trace seeds, N or A-B")
+    ap.add_argument("--seeds", type=seeds_arg, default=list(range(10)),
+                    help="trace seeds: N, A-B, or a comma-separated list of those")
     ap.add_argument("--factors", default="1.0,1.03",
                     help="true times / the profile's (comma-separated)")
     ap.add_argument("--setting", action="append", default=[],
@@ -86,8 +78,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    settings = [("default", {})] + [parse_setting(s)[::2] for s in args.setting]
-    seeds = seed_range(args.seeds)
+    settings = [("default", {})]
+    for text in args.setting:
+        label, _, options = parse_setting(text)
+        settings.append((label, options))
+    seeds = args.seeds
     rows = []
     head = f"{'profile':15} {'f':>5}"
     for label, _ in settings:
@@ -97,13 +92,13 @@ def main() -> None:
         for factor in (float(f) for f in args.factors.split(",")):
             cell = replay(profile, factor, seeds, settings)
             line = f"{profile:15} {factor:5.2f}"
-            for label, _ in settings:
+            for label, options in settings:
                 ex, p99 = cell[label]["excess"], cell[label]["p99_s"]
                 within = sum(e <= 1 for e in ex)
                 line += (f" | {'':14} {statistics.mean(ex):6.2f} {within:3d}/{len(ex):<2d}"
                          f" {statistics.median(p99):6.1f}")
                 rows.append({"profile": profile, "factor": factor, "setting": label,
-                             "options": dict(settings)[label], "seeds": seeds,
+                             "options": options, "seeds": seeds,
                              "excess_misses": ex, "p99_s": p99})
             log.info(line)
     if args.json:
