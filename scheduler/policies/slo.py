@@ -142,10 +142,10 @@ class SloPolicy(Policy):
       session 19); ``"off"`` none. Measured in docs/results/scheduler.md, "Session 19":
       against ``"all"``, ``"top"`` gains 0.08–0.35 point on the h200 mixes with priorities
       (seed-mix, held-out seeds, gamma CV 2, wan, video-image) for up to 0.25 point of
-      priority 0 (video-image: +0.05), and on 270 demo traces run at ×1.00–1.05 of their profile's speed it
-      misses 1.29 requests per trace beyond the clairvoyant's instead of 1.51 (``"off"``:
-      1.23, but worse at ×1.05, a point of priority 0 lower on h200, and on one-class
-      HTTP-bench traffic up to a point of client attainment lower);
+      priority 0 (video-image: +0.05), and on 270 demo traces run at ×1.00–1.05 of their
+      profile's speed it misses 1.29 requests per trace beyond the clairvoyant's instead of
+      1.51 (``"off"``: 1.23, but worse at ×1.05, a point of priority 0 lower on h200, and
+      on one-class HTTP-bench traffic up to a point of client attainment lower);
     * ``shield0`` — the give-up swap for priority 0 (step 1; on by default);
     * ``take_back`` — after the give-ups of a decision, take back each of them that fits again
       (step 1; on by default);
