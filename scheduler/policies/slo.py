@@ -11,11 +11,11 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    left before a deadline — before the deadline of a request of the highest priority class
    among recent arrivals, minus the work that future arrivals are expected to slot in first
    (``forecast``, learned online from recent arrivals) — the request with the most
-   remaining work per priority weight² is set aside as *late* (Moore–Hodgson's rule,
+   remaining work per priority weight is set aside as *late* (Moore–Hodgson's rule,
    weighted 3:2:1) — except that a priority-0 pick is swapped, one miss for one miss, for a
    lower-priority request whose remaining work alone covers the overrun, or else for an
    equal priority-0 request due later (``shield0``). Then (``take_back``, on) the requests set
-   aside in this decision are taken back, least remaining work per weight² first, each one whose
+   aside in this decision are taken back, least remaining work per weight first, each one whose
    return leaves every on-time deadline prefix within its capacity: a later give-up can make an
    earlier one needless (two large requests overrunning together lose the smaller-weighted one
    first, then the other as well), as the clairvoyant reference's own take-back pass finds (issue
@@ -121,8 +121,9 @@ FORECAST_MODES = ("top", "all", "off")
 #: alone first, then as given up (``"lane"``); or simply oldest first (``"arrival"``).
 LATE_RANKS = ("lane", "arrival")
 #: The give-up rule sets aside the largest ``remaining / weight**GIVE_UP_POWER`` (weights
-#: 3:2:1, so 9:4:1).
-GIVE_UP_POWER = 2.0
+#: 3:2:1). 1 since session 20 (2 before, i.e. 9:4:1: it set aside a nearly done priority-2
+#: request to save a priority-1 one that was then given up too; docs/results/scheduler.md).
+GIVE_UP_POWER = 1.0
 
 
 def _give_up_key(c: Candidate) -> float:

@@ -185,26 +185,53 @@ def test_slo_counts_packed_steps_when_it_decides_whom_to_give_up():
 
 def test_slo_takes_back_a_give_up_a_later_one_made_needless_by_hand():
     """Issue 13: all arrive at 0, 1 s per step (512²), no batching gain, no forecast. S (p1,
-    2 steps, due 3), A (p2, 3 steps, due 6), B (p1, 8 steps, due 9), D (p1, 2 steps, due 20).
-    The prefix to B's deadline holds 2 + 3 + 8 = 13 s > 9: the weighted rule sets aside A
-    first (3 / 1² > 8 / 2² > 2 / 2²), 10 s still > 9, so B too. With A back the prefixes
-    are 2 <= 3, 5 <= 6, 7 <= 20: it fits, so ``take_back`` returns it (B back would not:
-    10 > 9). Taken back: S 0-2, A 2-5, D 5-7, then B (late) 7-15: one miss. Without: A
-    stays late, D (on time) runs before it, 2-4, and A ends at 7 > 6: two misses."""
+    2 steps, due 3), A (p2, 3 steps, due 5.5), B (p1, 5 steps, due 6), D (p1, 2 steps, due
+    20). The prefix to B's deadline holds 2 + 3 + 5 = 10 s > 6: the weighted rule sets aside
+    A first (3 / 1 > 5 / 2 > 2 / 2), 7 s still > 6, so B too. With A back the prefixes are
+    2 <= 3, 5 <= 5.5, 7 <= 20: it fits, so ``take_back`` returns it (B back would not: 7 >
+    6). Taken back: S 0-2, A 2-5, D 5-7, then B (late) 7-12: one miss. Without: A stays
+    late, D (on time) runs before it, 2-4, and A ends at 7 > 5.5: two misses."""
     cost = table_cost()
 
     def trace():
         return [req("S", 0.0, steps=2, slo_ms=3_000, cost=cost),
-                req("A", 0.0, steps=3, priority=2, slo_ms=6_000, cost=cost),
-                req("B", 0.0, steps=8, slo_ms=9_000, cost=cost),
+                req("A", 0.0, steps=3, priority=2, slo_ms=5_500, cost=cost),
+                req("B", 0.0, steps=5, slo_ms=6_000, cost=cost),
                 req("D", 0.0, steps=2, slo_ms=20_000, cost=cost)]
 
     res = simulate(trace(), make_policy("slo", cost, forecast="off"), page_bytes=PAGE)
-    assert finish_times(res) == {"S": 2.0, "A": 5.0, "D": 7.0, "B": 15.0}
+    assert finish_times(res) == {"S": 2.0, "A": 5.0, "D": 7.0, "B": 12.0}
     res = simulate(trace(), make_policy("slo", cost, forecast="off", take_back=False),
                    page_bytes=PAGE)
     done = finish_times(res)
-    assert done["S"] == 2.0 and done["D"] == 4.0 and done["A"] == 7.0 and done["B"] == 15.0
+    assert done["S"] == 2.0 and done["D"] == 4.0 and done["A"] == 7.0 and done["B"] == 12.0
+
+
+def test_slo_gives_up_by_work_per_weight_not_per_weight_squared_by_hand(monkeypatch):
+    """Issue 13 (session 20): 1 s per step, no forecast. At 0: A (p2, 2 steps, due 2.5), C
+    (p1, 1 step, due 3), B (p1, 6 steps, due 8); at 1: E (p1, 2 steps, due 5.5). At 0 the
+    prefix to B's deadline holds 2 + 1 + 6 = 9 s > 8. Work per weight (3:2:1): B 6 / 2 = 3
+    > A 2 / 1, so B is set aside; A 0-2, C 2-3, E 3-5 all in time, B (late) 5-11: one miss.
+    Per weight² (the rule before): A 2 / 1 > B 6 / 4, so A, nearly as urgent as it is
+    short, is set aside; its 2 s leave 7 <= 8 then, but E's arrival at 1 overruns B's
+    deadline again (C ran 0-1; E 2 + B 6 = 8 > 7 s left) and B is set aside too: two
+    misses."""
+    from ditmem.scheduler.policies import slo as slo_module
+
+    cost = table_cost()
+
+    def trace():
+        return [req("A", 0.0, steps=2, priority=2, slo_ms=2_500, cost=cost),
+                req("C", 0.0, steps=1, slo_ms=3_000, cost=cost),
+                req("B", 0.0, steps=6, slo_ms=8_000, cost=cost),
+                req("E", 1.0, steps=2, slo_ms=4_500, cost=cost)]
+
+    res = run("slo", trace(), cost, forecast="off")
+    assert finish_times(res) == {"A": 2.0, "C": 3.0, "E": 5.0, "B": 11.0}
+    assert [r.request.id for r in res.records if not r.met] == ["B"]
+    monkeypatch.setattr(slo_module, "GIVE_UP_POWER", 2.0)
+    res = run("slo", trace(), cost, forecast="off")
+    assert sorted(r.request.id for r in res.records if not r.met) == ["A", "B"]
 
 
 def test_slo_runs_late_requests_oldest_first_by_hand():

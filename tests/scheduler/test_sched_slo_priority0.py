@@ -21,8 +21,8 @@ def test_shield_swaps_a_priority0_give_up_for_a_lower_priority_one():
         req("A", 0.0, steps=10, priority=0, slo_ms=12_000, cost=cost),
         req("B", 0.0, steps=4, priority=1, slo_ms=6_000, cost=cost),
     ]
-    # 14 s of work, A due at 12 s: one must miss. Largest work per weight² sets aside A
-    # (10/9 > 4/4); B's 4 s alone covers the 2 s excess, so the shield sets aside B instead.
+    # 14 s of work, A due at 12 s: one must miss. Largest work per weight sets aside A
+    # (10/3 > 4/2); B's 4 s alone covers the 2 s excess, so the shield sets aside B instead.
     assert outcome(reqs, cost, shield0=False) == {"B": (4.0, True), "A": (14.0, False)}
     assert outcome(reqs, cost) == {"A": (10.0, True), "B": (14.0, False)}
 
@@ -34,8 +34,8 @@ def test_shield_does_not_swap_when_no_single_lower_priority_request_covers_the_e
         req("B", 0.0, steps=3, priority=1, slo_ms=6_000, cost=cost),
         req("C", 0.0, steps=3, priority=1, slo_ms=6_000, cost=cost),
     ]
-    # 16 s of work by 10 s: a 6 s excess that neither 3 s request covers alone, so A (10/9
-    # per weight²) is set aside — one miss, not two.
+    # 16 s of work by 10 s: a 6 s excess that neither 3 s request covers alone, so A (10/3
+    # per weight) is set aside — one miss, not two.
     expected = {"B": (3.0, True), "C": (6.0, True), "A": (16.0, False)}
     assert outcome(reqs, cost) == expected
     assert outcome(reqs, cost, shield0=False) == expected
@@ -179,8 +179,9 @@ def test_lone_p0_unpacked_counts_a_shapeless_p0_request_at_batch1():
     # at 5 s; P (p0, 512², 8 × 1 s) at 9 s. Credited, X counts 2 s and P 4 s: 6 <= 9, no
     # give-up; X runs 0-4 s (P joins its step: the table prices a 1024² + 512² step at X's
     # 4 s) and P's other 7 steps end at 11 s: missed. With lone_p0_unpacked P shares
-    # its shape with nobody and counts 8 s: 2 + 8 > 9, and the give-up sets aside the most
-    # work per weight² — X (4/4 = 1 > 8/9) — so P runs 0-8 s and X finishes at 12 s.
+    # its shape with nobody and counts 8 s: 2 + 8 > 9; the most work per weight is P's (8/3 >
+    # 4/2), a priority-0 pick that the shield swaps for X, whose 4 s alone cover the 1-s
+    # overrun — so P runs 0-8 s and X finishes at 12 s.
     pts = [{"tokens": 1024, "batch": b, "seconds": s} for b, s in ((2, 1.2), (3, 1.6), (4, 2.0))]
     cost = table_cost(batch_points=pts)
     reqs = [
