@@ -28,7 +28,7 @@ the paused started requests and the first ``window`` waiting ones by deadline:
 2. **Give up early (node capacity).** On-time requests by deadline, running ones included,
    their work summed; where the sum exceeds D × the time to a deadline (minus the expected
    work of earlier-due future arrivals, learned online), the request with the most work
-   per weight² is set aside as late (Moore–Hodgson, priorities 3:2:1). A request that
+   per weight is set aside as late (Moore–Hodgson, priorities 3:2:1). A request that
    cannot make it even at the largest degree is late too. Late requests still run, after
    on-time ones (those still able to finish at the node's best degree first, then the
    shortest per weight); one overdue by ``AGING`` (10) SLO windows goes first (no
@@ -151,8 +151,9 @@ INF = float("inf")
 
 # Tuning numbers. Each was an option until session 17; every other value tried was no better
 # (docs/results/node.md, "Session 17: options removed").
-#: weight exponent of the give-up rule (step 2: priorities 3:2:1 weigh 9:4:1)
-GIVE_UP_POWER = 2.0
+#: weight exponent of the give-up rule (step 2: priorities 3:2:1); 1 since session 20, as
+#: the one-device ``slo`` (2 before: 9:4:1; docs/results/node.md, "Session 20")
+GIVE_UP_POWER = 1.0
 #: an on-time request with less than this fraction of its SLO window left as slack is urgent
 URGENT = 0.35
 #: step 4's parallel targets per decision (without a latency goal)
