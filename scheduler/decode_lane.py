@@ -100,6 +100,7 @@ class _Tiled:
     rid: str = field(compare=False)
     units: list[float] = field(compare=False)
     tiles: int = field(compare=False, default=0)
+    first: bool = field(compare=False, default=False)
 
 
 def step_deadline(now: float, deadlines: list[float]) -> float | None:
@@ -115,10 +116,14 @@ def step_deadline(now: float, deadlines: list[float]) -> float | None:
 class TiledDecodes:
     """Decodes split into tiles that run on the step loop one at a time (seconds per tile).
 
-    :meth:`pick` chooses which decode (if any) runs a tile instead of the planned step:
-    with no step planned, the earliest-deadline decode that can still meet its deadline
-    (else the earliest deadline: all are late); otherwise the earliest-deadline decode
-    that can still meet its deadline, if it is due before the step's deadline (a decode
+    :meth:`pick` chooses which decode (if any) runs a tile instead of the planned step
+    (the caller does not ask when the plan holds tiles, ``StepPlan.hold_tiles``): first a
+    decode pushed with ``first`` (the earliest-deadline one; ``StepPlan.first_decodes``),
+    unless an on-time decode that would miss behind its remaining tiles has a next tile
+    within ``yield_s``, which then goes; with no step planned, the earliest-deadline decode
+    that can still meet its deadline (else the earliest deadline: all are late);
+    otherwise the earliest-deadline decode that can still meet its deadline, if it is due
+    before the step's deadline (a decode
     that will miss anyway does not hold back requests that can still make it; the step's
     deadline is :func:`step_deadline`'s, so a step whose members are all past due does not
     hold back a decode that can still make it either);
@@ -154,18 +159,31 @@ class TiledDecodes:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def push(self, rid: str, deadline: float, tile_seconds: list[float]) -> None:
-        """Queue the decode of ``rid`` as tiles of ``tile_seconds`` each (at least one)."""
+    def push(self, rid: str, deadline: float, tile_seconds: list[float],
+             first: bool = False) -> None:
+        """Queue the decode of ``rid`` as tiles of ``tile_seconds`` each (at least one);
+        ``first``: it goes before any step (:meth:`pick`)."""
         units = list(tile_seconds) or [0.0]
-        self._pending.append(_Tiled(deadline, self._seq, rid, units[::-1], len(units)))
+        self._pending.append(_Tiled(deadline, self._seq, rid, units[::-1], len(units), first))
         self._pending.sort()
         self._seq += 1
 
-    def pick(self, now: float, deadline: float | None, spare: float = 0.0) -> str | None:
+    def pick(self, now: float, deadline: float | None, spare: float = 0.0,
+             yield_s: float = 0.0) -> str | None:
         """The decode to advance now instead of a step due at ``deadline`` (None: no step
         planned), or None to run the step (class docstring: the rule and its bound);
         ``spare`` (s): time the policy grants late decodes before the step
-        (``StepPlan.late_tiles_s``): the late decode's next tile runs when it fits in it."""
+        (``StepPlan.late_tiles_s``): the late decode's next tile runs when it fits in it;
+        ``yield_s`` (s): what a first-going decode may yield (``StepPlan.yield_s``)."""
+        first = next((d for d in self._pending if d.first), None)
+        if first is not None:
+            ahead = sum(first.units)
+            urgent = next((d for d in self._pending if not d.first
+                           and now + sum(d.units) <= d.deadline
+                           < now + ahead + sum(d.units)), None)
+            if urgent is not None and urgent.units[-1] <= yield_s + 1e-9:
+                return urgent.rid
+            return first.rid
         late = next((d for d in self._pending if now + sum(d.units) > d.deadline), None)
         if late is None or self.late_share <= 0:
             self._credit, self._last = 0.0, None

@@ -80,12 +80,15 @@ class StepPlan:
     exactly that step's ``step_group`` and continues from its ``blocks_done``; a part-done
     batch left out of ``batch`` is parked (its activations go to pages, then to the host).
     ``late_tiles_s``: seconds of late decode tiles the plan spares (``decode_lane``).
-    ``whole_decodes``: members of ``batch`` whose decode, if this is their last step, runs
-    whole right after the step even where decodes otherwise run tile by tile between steps
-    (a promise made for the request's whole remaining work, ``policies.tail_lane``, counts
-    on it); nothing changes where decodes run inline anyway. ``hold_tiles``: run this plan
-    before any pending decode tile (the loop otherwise lets a due tile go first): a tile
-    run ahead would take time the plan's promises do not have.
+    ``first_decodes``: members of ``batch`` whose decode, if this is their last step, goes
+    first where decodes run tile by tile between steps: its tiles run before any later
+    plan's step unless that plan holds them (a promise made for the request's whole
+    remaining work, ``policies.tail_lane``, counts on it; until session 20 they ran whole,
+    right after the step, and a short request arriving meanwhile waited for all of them);
+    nothing changes where decodes run inline anyway. ``hold_tiles``: run this plan before
+    any pending decode tile (the loop otherwise lets a due or first-going tile go first).
+    ``yield_s``: seconds a first-going decode may yield to an on-time decode that would
+    miss behind its remaining tiles (``decode_lane.TiledDecodes.pick``; 0: none).
     """
 
     batch: list[str] = field(default_factory=list)
@@ -95,8 +98,9 @@ class StepPlan:
     pause: list[str] = field(default_factory=list)
     blocks: int | None = None
     late_tiles_s: float = 0.0
-    whole_decodes: tuple[str, ...] = ()
+    first_decodes: tuple[str, ...] = ()
     hold_tiles: bool = False
+    yield_s: float = 0.0
 
     @property
     def idle(self) -> bool:

@@ -306,6 +306,9 @@ def simulate(
     lane = DecodeLane(decode_share) if decode == "concurrent" else None
     tiles = TiledDecodes(late_share) if decode == "tiled" else None
     decoding: dict[str, RequestStatus] = {}
+    first_s: dict[str, float] = {}  # seconds run so far of each first-going tiled decode
+    carried: list[Request] = []  # first-going decodes done since the last step's report
+    carried_s = 0.0
 
     def record(s: RequestStatus, at: float) -> None:
         eng.free += s.pages
@@ -331,13 +334,19 @@ def simulate(
         pick = None
         if (tiles is not None and not plan.hold_tiles
                 and not (block and _running_part_done(eng, last_batch))):
-            pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)), plan.late_tiles_s)
+            pick = tiles.pick(now, step_deadline(now, _deadlines(eng, plan)), plan.late_tiles_s,
+                              plan.yield_s)
         if pick is not None:
             # A due decode runs one tile instead of the plan; the policy decides again after.
             seconds, last = tiles.run_one(pick)
             now += seconds
             busy += seconds
+            if pick in first_s:
+                first_s[pick] += seconds
             if last:
+                if pick in first_s:  # reported with the next step (the policy learns from it)
+                    carried.append(decoding[pick].request)
+                    carried_s += first_s.pop(pick)
                 record(decoding.pop(pick), now)
                 if progress is not None:
                     progress(len(records), total)
@@ -392,7 +401,6 @@ def simulate(
         batch_sizes[len(members)] = batch_sizes.get(len(members), 0) + 1
         for rid, at in decoded:
             record(decoding.pop(rid), at)
-        whole_s, whole = 0.0, []  # decodes run whole after the step (plan.whole_decodes)
         for s in finished:
             del eng.active[s.id]
             if lane is None and tiles is None:
@@ -405,15 +413,11 @@ def simulate(
                           noise.draw(truth.decode_time(s.request), "decode", cls))
             else:
                 pieces = [noise.draw(t, "decode", cls) for t in truth.decode_tiles(s.request)]
-                if s.id in plan.whole_decodes:  # its tiles now, back to back (StepPlan)
-                    spent = sum(pieces)
-                    now, busy, whole_s = now + spent, busy + spent, whole_s + spent
-                    whole.append(s.request)
-                    record(decoding.pop(s.id), now)
-                    continue
-                tiles.push(s.id, s.request.deadline, pieces)
-        if progress is not None and (decoded or whole
-                                     or (finished and lane is None and tiles is None)):
+                first = s.id in plan.first_decodes  # its tiles go first (StepPlan)
+                tiles.push(s.id, s.request.deadline, pieces, first=first)
+                if first:
+                    first_s[s.id] = 0.0
+        if progress is not None and (decoded or (finished and lane is None and tiles is None)):
             progress(len(records), total)
         last_batch = tuple(plan.batch)
         policy.observe(
@@ -424,15 +428,16 @@ def simulate(
                 tokens,
                 step,
                 encode,
-                decode + whole_s,
+                decode + carried_s,
                 pre,
                 [s.id for s in finished],
                 blocks_run,
                 encoded,
-                [s.request for s in finished] if lane is None and tiles is None else whole,
+                [s.request for s in finished] if lane is None and tiles is None else carried,
                 0.0 if block else moved * page_bytes,
             )
         )
+        carried, carried_s = [], 0.0
     records.sort(key=lambda rec: (rec.request.arrival, rec.request.id))
     parks = sum(eng.parks.values())
     return SimResult(

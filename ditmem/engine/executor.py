@@ -51,7 +51,10 @@ class PlanExecutor:
         self._blocks_run: int | None = None
         self._report: StepReport | None = None  # the iteration's, while its stages run
         self._worked = False
-        self._whole: set[str] = set()  # the plan's whole_decodes (tiled decodes run whole)
+        self._plan_first: set[str] = set()  # this iteration's plan.first_decodes
+        self._first: set[str] = set()  # ids whose tiled decodes go first, until delivered
+        self._carried: list = []  # those delivered since the last step's report (requests)
+        self._carried_s = 0.0  # and their decode seconds
         self.stats = EngineStats()
         # decode off the step loop (worker threads, earliest deadline first), results handed
         # back through a queue
@@ -84,6 +87,7 @@ class PlanExecutor:
             job = self.jobs.get(job_id) or self.active.get(job_id)
             if job is None and self.tiles is not None:
                 job = self.tiles.forget(job_id)
+                self._first.discard(job_id)
             if job is not None:
                 self.finish(job, error=RequestCancelled(f"{job_id}: {reason}"))
 
@@ -121,13 +125,17 @@ class PlanExecutor:
         report = StepReport(now=self.engine.clock(), batch=[], model=self.engine.model,
                             tokens=[], step_s=0.0)
         self._report, self._worked = report, False
-        self._whole = set(plan.whole_decodes)
+        self._plan_first = set(plan.first_decodes)
         moved = self.stats.bytes_offloaded + self.stats.bytes_restored
         run_stages(self, offload=plan.offload, restore=plan.restore, admit=plan.admit,
                    batch=plan.batch, blocks=plan.blocks)
         self._count_preemptions(report.batch)
         self.last_batch = tuple(report.batch)
         report.transfer_bytes = self.stats.bytes_offloaded + self.stats.bytes_restored - moved
+        if self._carried:  # first-going tiled decodes delivered since: the policy learns them
+            report.decoded += self._carried
+            report.decode_s += self._carried_s
+            self._carried, self._carried_s = [], 0.0
         observe = getattr(self.engine.policy, "observe", None)
         if observe is not None:
             observe(report)
@@ -295,29 +303,28 @@ class PlanExecutor:
 
     def _decode_tiled(self, job: Job, report: StepReport) -> None:
         """Queue a finished job's decode as tiles; it keeps its pages until delivered. A job
-        the plan lists in ``whole_decodes`` runs all its tiles now, back to back."""
+        the plan lists in ``first_decodes`` has its tiles run before any step the policy
+        does not hold them for (``TiledDecodes.pick``)."""
         del self.active[job.id]
         report.finished.append(job.id)
-        if not self._attempt(job, "decode", self.tiles.start, job)[0]:
-            return
-        if job.id not in self._whole:
-            return
-        before = job.timing.decode_s
-        while (delivered := self._run_tile(job.id)) is None:
-            pass
-        if delivered:
-            report.decode_s += job.timing.decode_s - before
-            report.decoded.append(job.sched)
+        first = job.id in self._plan_first
+        if self._attempt(job, "decode", self.tiles.start, job, first)[0] and first:
+            self._first.add(job.id)
 
     def _run_tile(self, job_id: str) -> bool | None:
         """Run the next decode tile of ``job_id``: None while tiles remain; True when that was
         its last and the job is delivered; False when the tile raised and the job failed."""
         job, output, error = self.tiles.run(job_id)
         if error is not None:
+            self._first.discard(job_id)
             self.finish(job, error=RequestFailed(f"{job_id}: decode failed: {error!r}"))
             return False
         if output is None:
             return None
+        if job_id in self._first:
+            self._first.discard(job_id)
+            self._carried.append(job.sched)
+            self._carried_s += job.timing.decode_s
         self.finish(job, output=output)
         return True
 
@@ -330,7 +337,8 @@ class PlanExecutor:
         deadlines = [(self.active.get(i) or self.jobs[i]).sched.deadline for i in plan.batch
                      if i in self.active or i in self.jobs]
         now = self.engine.clock()
-        job_id = self.tiles.pick(now, step_deadline(now, deadlines), plan.late_tiles_s)
+        job_id = self.tiles.pick(now, step_deadline(now, deadlines), plan.late_tiles_s,
+                                 plan.yield_s)
         if job_id is None:
             return False
         self._run_tile(job_id)

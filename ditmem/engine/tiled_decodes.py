@@ -32,14 +32,15 @@ class TileRunner:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
 
-    def start(self, job: Job) -> None:
-        """Queue the decode of ``job`` (its last step is done). Raises what the model's
-        decode job raises (the caller fails that request)."""
+    def start(self, job: Job, first: bool = False) -> None:
+        """Queue the decode of ``job`` (its last step is done); ``first``: its tiles go
+        before any step the plan does not hold them for (``TiledDecodes.push``). Raises what
+        the model's decode job raises (the caller fails that request)."""
         work = decode_job(self.gen, job.state, self.tile_px, self.stride_px)
         tiles = self.cost.decode_tiles(job.sched)
         if len(tiles) != work.units:  # the profile's tile geometry is not the engine's
             tiles = [sum(tiles) / work.units] * work.units
-        self._order.push(job.id, job.sched.deadline, tiles)
+        self._order.push(job.id, job.sched.deadline, tiles, first)
         self._jobs[job.id] = (job, work)
 
     def pending(self) -> tuple:
@@ -48,11 +49,13 @@ class TileRunner:
         return tuple(PendingDecode(self._jobs[rid][0].sched, left, n)
                      for rid, left, n in self._order.pending())
 
-    def pick(self, now: float, deadline: float | None, spare: float = 0.0) -> str | None:
+    def pick(self, now: float, deadline: float | None, spare: float = 0.0,
+             yield_s: float = 0.0) -> str | None:
         """The request whose next tile runs instead of a step due at ``deadline`` (None:
         no step planned), or None; ``spare``: the seconds the plan grants late decodes
-        (``StepPlan.late_tiles_s``)."""
-        return self._order.pick(now, deadline, spare)
+        (``StepPlan.late_tiles_s``); ``yield_s``: those the first decodes may yield
+        (``StepPlan.yield_s``)."""
+        return self._order.pick(now, deadline, spare, yield_s)
 
     def run(self, job_id: str):
         """Decode the next tile of ``job_id``: ``(job, output, error)``; output is None until

@@ -28,8 +28,9 @@ class Decision:
     numbers of started (``active``) and ``waiting`` requests it saw, what the loop
     reported on the plan: ``ran`` (ids stepped; None: no report) and ``step_s`` (s; summed
     over the chunks a block-preempted step continued without deciding again), the ids
-    of the pending tiled decodes it saw (``decoding``) and those the plan decodes whole
-    after their last step (``whole``: ``StepPlan.whole_decodes``)."""
+    of the pending tiled decodes it saw (``decoding``) and those whose decodes the plan
+    sends first after their last step (``first``: ``StepPlan.first_decodes``; ``whole``
+    in logs written before session 20, when they ran whole)."""
 
     now: float
     batch: tuple[str, ...]
@@ -42,7 +43,7 @@ class Decision:
     ran: tuple[str, ...] | None = None
     step_s: float | None = None
     decoding: tuple[str, ...] = ()
-    whole: tuple[str, ...] = ()
+    first: tuple[str, ...] = ()
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -54,7 +55,7 @@ class Decision:
                                                          "restore", "late")),
                    row["active"], row["waiting"], None if ran is None else tuple(ran),
                    row.get("step_s"), tuple(row.get("decoding", ())),
-                   tuple(row.get("whole", ())))
+                   tuple(row.get("first", row.get("whole", ()))))
 
 
 class ObservingPolicy:
@@ -92,7 +93,7 @@ class DecisionLog(ObservingPolicy):
                                  late_ids() if late_ids is not None else (),
                                  len(view.active), len(view.waiting),
                                  decoding=tuple(d.request.id for d in view.decodes),
-                                 whole=tuple(plan.whole_decodes)))
+                                 first=tuple(plan.first_decodes)))
         return plan
 
     def _note_report(self, report) -> None:

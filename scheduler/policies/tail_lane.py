@@ -44,8 +44,10 @@ Where decodes run tile by tile between steps (``decode="tiled"``, the server's d
 ``slo``), a member's decode would otherwise wait for the decode lane's late share after
 its last step — outside the lane's sums, so the promise could pass (session 18: on 10 of 10
 random traces under ``"fifo"``, up to 1.10 × fifo's maximum); ``slo`` therefore lists
-members taking their last step in ``StepPlan.whole_decodes``, and the loop runs their
-decode whole right after the step, as ``member_work`` counts it.
+members taking their last step in ``StepPlan.first_decodes``: their tiles go first, a member
+stays in the lane with the seconds of its tiles left (``settle``'s ``decoding``) until its
+decode is delivered, and ``slo`` lets a plan or another decode's tile go ahead of them only
+where every lane slack stays >= 0 (so (ii) holds for tiles too).
 Timing noise, transfers and a head blocked by memory break the premises; the policy then
 still runs the head first, and the measured excess is in docs/results/scheduler.md.
 ``tests/scheduler/test_sched_tail_bound.py`` checks both rules on adversarial and random
@@ -149,19 +151,25 @@ class TailLane:
         if self._due.pop(request_id, None) is not None:
             del self._work[request_id]
 
-    def settle(self, now: float, view: SchedulerView, cands: dict[str, Candidate]) -> None:
+    def settle(self, now: float, view: SchedulerView, cands: dict[str, Candidate],
+               decoding: dict[str, float] | None = None) -> None:
         """This decision's lane: drop members no longer in the engine; remaining work from
-        ``cands`` where given, else the work at arrival (not started); the slacks."""
+        ``cands`` where given, else the seconds left of their tiled decode (``decoding``, by
+        id: steps done, decode pending), else the work at arrival (not started); the
+        slacks."""
         active = {s.id for s in view.active}
+        decoding = decoding or {}
         ids, rems, slack = [], [], []
         work, least = 0.0, INF
         for rid, due in list(self._due.items()):
             c = cands.get(rid)
             if c is not None:
                 rem = c.rem
+            elif rid in decoding:
+                rem = decoding[rid]
             elif rid in active or rid in view.waiting:
                 rem = self._work[rid]
-            else:  # cancelled, or finished unseen
+            else:  # cancelled, or finished (decode included)
                 self.forget(rid)
                 continue
             ids.append(rid)
@@ -227,9 +235,10 @@ def is_last_step(c: Candidate) -> bool:
 
 def member_work(c: Candidate, plan: StepPlan) -> float:
     """Predicted work ``plan`` removes from candidate ``c`` (a batch member): its step, and
-    its encode if the plan admits it, its decode if this is its last step (s) — the whole
-    decode, right after the step: where decodes run tile by tile, ``slo`` lists the lane's
-    members in ``StepPlan.whole_decodes`` so that they do."""
+    its encode if the plan admits it, its decode if this is its last step (s) — counted
+    with the iteration, as ``plan_seconds`` counts it: where decodes run tile by tile the
+    member's tiles go first after the step (``StepPlan.first_decodes``) and stay in the
+    lane's sums until delivered, so both sides of the sum see them."""
     work = c.tau + (c.enc if c.req.id in plan.admit else 0.0)
     return work + (c.dec if is_last_step(c) else 0.0)
 

@@ -5,6 +5,7 @@ large one with the stock VAE's own tiled decode); no page is left behind."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -153,36 +154,29 @@ def test_cancel_during_a_tiled_decode_frees_pages(gen):
 @pytest.mark.parametrize("margin, large_first", [(0.2, True), (None, False)])
 def test_a_late_decode_takes_the_time_the_plan_spares(gen, margin, large_first):
     """Issue 13 (session 9): the executor runs a late decode's tiles in the time slo's plan
-    grants them (``StepPlan.late_tiles_s``). "large" is late (1-ms SLO) and decoding when
-    "small" arrives with a 600-s SLO: with the grant (``late_tile_margin`` 0.2, an
-    option) the large image's 16 tiles all run before small's steps (its slack is
-    hundreds of seconds); without it (None, the default) small's steps and decode go
-    first. (The late
-    decodes' ``late_share`` credit is set to 0 here, so only the grant lets a late tile
-    run while a step is planned. "large", given up, is in slo's tail lane, whose members'
-    decodes the plans name in ``whole_decodes`` since session 18; that list is emptied here,
-    so the tiles wait for the grant as any late decode outside the lane does.)"""
+    grants them (``StepPlan.late_tiles_s``). "large" (1-s SLO) meets its deadline through
+    its steps, and its decode, held at the first tile, passes it: a late decode outside the
+    tail lane (never given up, so its tiles do not go first). "small" then arrives with a
+    600-s SLO: with the grant (``late_tile_margin`` 0.2, an option) the large image's 16
+    tiles all run before small's steps (its slack is hundreds of seconds); without it
+    (None, the default) small's steps and decode go first. (The late decodes'
+    ``late_share`` credit is set to 0 here, so only the grant lets a late tile run while a
+    step is planned.)"""
     policy, cost = make_policy_and_cost("slo", "cpu-tiny", {"late_tile_margin": margin})
-    schedule = policy.schedule
-
-    def tiles_only(now, view):
-        plan = schedule(now, view)
-        plan.whole_decodes = ()
-        return plan
-
-    policy.schedule = tiles_only
     engine = Engine(gen, policy, cost, PagePool(512, PAGE), HostPool(2048, PAGE),
                     decode="tiled", decode_tile=TILE)
     tiles = engine.executor.tiles
     tiles._order.late_share = 0.0
     decoding, submitted = _gate_first_tile(tiles)
     engine.start()
-    t_large = engine.submit(large(), priority=2, slo_ms=1)
+    t_large = engine.submit(large(), priority=2, slo_ms=1_000)
     assert decoding.wait(120)
+    time.sleep(1.2)  # past large's deadline (it arrived before its decode was reached)
     t_small = engine.submit(small(), priority=1, slo_ms=600_000)
     submitted.set()
     r_small, r_large = t_small.future.result(120), t_large.future.result(120)
     assert engine.drain(10)
+    assert r_large.timing.finished > r_large.timing.arrival + 1.0  # its decode went late
     assert (r_large.timing.finished < r_small.timing.finished) is large_first
     assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0
 
@@ -205,13 +199,15 @@ def test_the_policy_sees_each_pending_decode_and_its_tiles_left(gen):
     assert {(rid, n) for rid, _, n in pending} == {("large", 16)}
 
 
-def test_a_decode_the_plan_names_whole_runs_right_after_the_last_step(gen):
-    """``StepPlan.whole_decodes`` (``slo`` names the tail lane's members: with
-    ``tail="fifo"`` every request): with ``decode="tiled"`` the large request's 16 tiles
-    run in its last step's iteration, reported there as its decode; with the default lane
-    (nobody promised while on time) its tiles run between iterations instead. Both images
-    equal the stock VAE's own tiled decode."""
-    reports, outputs = {}, {}
+def test_a_decode_the_plan_names_whole_goes_first_and_is_reported(gen):
+    """``StepPlan.first_decodes`` (``slo`` names the tail lane's members: with
+    ``tail="fifo"`` every request): with ``decode="tiled"`` the large request's decode is
+    queued to go first (``TiledDecodes.push(first=True)``: its tiles run before any step
+    the plan does not hold them for), and once delivered it is reported with the next
+    step's report (the cost model learns decodes from it: the small request submitted
+    after it); with the default lane (nobody promised while on time) its tiles are queued
+    as any decode and not reported. Both images equal the stock VAE's own tiled decode."""
+    outputs = {}
     for tail in ("fifo", "late"):
         policy, cost = make_policy_and_cost("slo", "cpu-tiny", {"tail": tail})
         seen = []
@@ -223,15 +219,28 @@ def test_a_decode_the_plan_names_whole_runs_right_after_the_last_step(gen):
 
         policy.observe = record
         engine = Engine(gen, policy, cost, PagePool(512, PAGE), HostPool(2048, PAGE),
-                        decode="tiled", decode_tile=TILE).start()
+                        decode="tiled", decode_tile=TILE)
+        starts = []
+        start = engine.executor.tiles.start
+
+        def recording_start(job, first=False, starts=starts, start=start):
+            starts.append((job.id, first))
+            return start(job, first)
+
+        engine.executor.tiles.start = recording_start
+        engine.start()
         outputs[tail] = engine.submit(large(), priority=1, slo_ms=600_000).future.result(120)
+        engine.submit(small(), priority=1, slo_ms=600_000).future.result(120)
         assert engine.drain(10) and engine.pool.num_used_pages == 0
-        assert engine.executor.tiles.tiles_run == 16
-        reports[tail] = next(r for r in seen if "large" in r.finished)
+        assert engine.executor.tiles.tiles_run == 16 + 1
+        assert starts[0] == ("large", tail == "fifo")
+        decoded = [(r.id, report.decode_s) for report in seen for r in report.decoded]
+        if tail == "fifo":
+            assert [rid for rid, _ in decoded] == ["large"] and decoded[0][1] > 0
+            assert "small" in next(rep for rep in seen if rep.decoded).batch
+        else:
+            assert decoded == []
         engine.stop()
-    assert [r.id for r in reports["fifo"].decoded] == ["large"]
-    assert reports["fifo"].decode_s > 0
-    assert reports["late"].decoded == [] and reports["late"].decode_s == 0
     pool = PagePool(512, PAGE)
     state = gen.encode(large(), pool)
     while not gen.is_done(state):

@@ -204,14 +204,14 @@ def forecast_trace_finish(a_priority: int = 1, top: int = 0, **options) -> dict[
 
 
 def tiles_only(policy):
-    """``policy`` (slo) with its plans' ``whole_decodes`` and ``hold_tiles`` emptied: every
+    """``policy`` (slo) with its plans' ``first_decodes`` and ``hold_tiles`` emptied: every
     decode goes through the loop's decode lane, as before session 18 (and as a late decode
     outside the tail lane does). Returns ``policy``."""
     schedule = policy.schedule
 
     def plan(now, view):
         p = schedule(now, view)
-        p.whole_decodes, p.hold_tiles = (), False
+        p.first_decodes, p.hold_tiles = (), False
         return p
 
     policy.schedule = plan

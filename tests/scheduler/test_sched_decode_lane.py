@@ -231,7 +231,7 @@ def test_a_late_decode_runs_in_the_spare_time_the_plan_grants_by_hand():
     assert no_share.pick(1.0, 5.0, spare=0.1) == "late"
 
     # L is late on arrival (4 + 2 s > 3), so it is in the tail lane, and since session 18
-    # the plans run a member's decode whole after its last step (``whole_decodes``): L
+    # the plans run a member's decode whole after its last step (``first_decodes``): L
     # 4 → 6 with or without the grant. The grant is for late decodes outside the lane, so
     # the plans' lists are emptied below to see it.
     cost = tiled_cost()

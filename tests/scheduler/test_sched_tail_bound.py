@@ -229,7 +229,7 @@ def test_both_rules_hold_where_decodes_run_tile_by_tile():
     decode used to wait for the decode lane's late share after its last step, outside the
     lane's sums, and ``"fifo"`` passed fifo's maximum on 10 of 10 such traces (up to
     1.10 ×). The lane's members now decode whole right after their last step
-    (``StepPlan.whole_decodes``): every flow stays within its FIFO allowance (against
+    (``StepPlan.first_decodes``): every flow stays within its FIFO allowance (against
     ``fifo`` run on the same trace and decode costs) and every ``"late"`` promise holds."""
     cost = _tiled_cost()
     for trial, trace, sim, allowed in _tiled_cases(cost):
@@ -247,8 +247,8 @@ def test_both_rules_hold_where_decodes_run_tile_by_tile():
             assert finished[rid] <= due + 1e-6, (trial, rid)
 
 
-def test_without_whole_decodes_the_tiled_lane_breaks_the_fifo_bound():
-    """The reference for the test above: the same rule with the plans' ``whole_decodes``
+def test_without_first_decodes_the_tiled_lane_breaks_the_fifo_bound():
+    """The reference for the test above: the same rule with the plans' ``first_decodes``
     emptied (the loop before session 18) lets some flow pass its FIFO allowance."""
     cost = _tiled_cost()
     broken = 0
