@@ -76,6 +76,12 @@ def print_timelines(res: dict, real_log: list[Decision], sim_log: list[Decision]
             print(f"-- {rid} ({r['shape']}, due {row['deadline_s']:.2f}) in the {name}: "
                   f"arrived {row['arrival_s']:.2f}, finished {row['finished_s']:.2f}")
             print(describe(timeline(log, rid, row["arrival_s"], row["finished_s"])))
+            for d in log:  # logs written since session 20 say why slo set it aside
+                for gid, rem, left, alone in d.gave_up:
+                    if gid == rid:
+                        print(f"   set aside at {d.now:.2f}: predicted {rem:.2f} s left to "
+                              f"run, {left:.2f} s to its deadline "
+                              f"({'too late even alone' if alone else 'a prefix overran'})")
 
 
 def compare(run: dict, sims: list[dict[int, dict]]) -> dict:

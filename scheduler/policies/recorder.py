@@ -30,7 +30,9 @@ class Decision:
     over the chunks a block-preempted step continued without deciding again), the ids
     of the pending tiled decodes it saw (``decoding``) and those whose decodes the plan
     sends first after their last step (``first``: ``StepPlan.first_decodes``; ``whole``
-    in logs written before session 20, when they ran whole)."""
+    in logs written before session 20, when they ran whole), and the requests the policy
+    set aside in it (``gave_up``: ``(id, predicted remaining s, s left to its deadline,
+    too late even alone)`` each, from slo's ``gave_up``; empty for other policies)."""
 
     now: float
     batch: tuple[str, ...]
@@ -44,6 +46,7 @@ class Decision:
     step_s: float | None = None
     decoding: tuple[str, ...] = ()
     first: tuple[str, ...] = ()
+    gave_up: tuple[tuple, ...] = ()
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -55,7 +58,8 @@ class Decision:
                                                          "restore", "late")),
                    row["active"], row["waiting"], None if ran is None else tuple(ran),
                    row.get("step_s"), tuple(row.get("decoding", ())),
-                   tuple(row.get("first", row.get("whole", ()))))
+                   tuple(row.get("first", row.get("whole", ()))),
+                   tuple(tuple(g) for g in row.get("gave_up", ())))
 
 
 class ObservingPolicy:
@@ -93,7 +97,9 @@ class DecisionLog(ObservingPolicy):
                                  late_ids() if late_ids is not None else (),
                                  len(view.active), len(view.waiting),
                                  decoding=tuple(d.request.id for d in view.decodes),
-                                 first=tuple(plan.first_decodes)))
+                                 first=tuple(plan.first_decodes),
+                                 gave_up=tuple((g.id, g.rem, g.left, g.alone) for g in
+                                               getattr(self._policy, "gave_up", ()))))
         return plan
 
     def _note_report(self, report) -> None:

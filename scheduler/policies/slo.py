@@ -111,6 +111,7 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 from ..plan import SchedulerView, StepPlan, StepReport
 from ..request import Request, RequestStatus
@@ -131,6 +132,19 @@ LATE_RANKS = ("lane", "arrival")
 #: 3:2:1). 1 since session 20 (2 before, i.e. 9:4:1: it set aside a nearly done priority-2
 #: request to save a priority-1 one that was then given up too; docs/results/scheduler.md).
 GIVE_UP_POWER = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """One request ``slo`` set aside in a decision, as it saw it then: its predicted
+    remaining work ``rem`` and the seconds ``left`` to its deadline (both s); ``alone``:
+    it could not finish in time even alone (``rem > left``), else a deadline prefix
+    overran and the give-up rule picked it."""
+
+    id: str
+    rem: float
+    left: float
+    alone: bool
 
 
 def _give_up_key(c: Candidate) -> float:
@@ -274,6 +288,7 @@ class SloPolicy(Policy):
         self._decodes: list[tuple[float, float]] = []  # (deadline, s left), the view's on-time
         self._static: dict[str, tuple[int, int]] = {}
         self._decoding: dict[str, float] = {}  # lane members' tiled decodes: predicted s left
+        self.gave_up: tuple[GiveUp, ...] = ()  # this decision's give-ups (diagnostics)
 
     # ---- per-request numbers -----------------------------------------------------------
     def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> Candidate:
@@ -394,6 +409,8 @@ class SloPolicy(Policy):
         if self.take_back and len(fresh) > given_up:
             self._take_back(now, ontime, fresh[given_up:])
             fresh = fresh[:given_up] + [c for c in fresh[given_up:] if c.late]
+        self.gave_up = tuple(GiveUp(c.req.id, c.rem, c.req.deadline - now, n < given_up)
+                             for n, c in enumerate(fresh))
         for c in fresh:
             self._late.add(c.req.id)
             self.lane.add_late(c, now)
@@ -450,6 +467,7 @@ class SloPolicy(Policy):
         return sorted(out)
 
     def schedule(self, now: float, view: SchedulerView) -> StepPlan:
+        self.gave_up = ()
         self._decodes = self._pending_decodes(now, view)
         cands = self._candidates(view)
         by_id = {c.req.id: c for c in cands}

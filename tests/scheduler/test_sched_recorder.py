@@ -158,3 +158,21 @@ def test_the_observing_policy_sees_every_report_and_passes_it_on():
 
     ObservingPolicy(NoObserve(), seen.append).observe("r2")
     assert seen == ["r1", "r2"]
+
+
+def test_the_log_records_each_give_up_with_what_slo_saw():
+    # 1-s steps, no encode/decode, no forecast, all at 0: X (5 steps, due 4) cannot finish
+    # even alone; A (3 steps, due 4) and B (4 steps, due 6) overrun B's deadline (7 > 6),
+    # and the give-up rule picks B (4 / 2 > 3 / 2). Both are set aside in the first
+    # decision, and only there.
+    cost = table_cost()
+    reqs = [req("X", 0.0, steps=5, slo_ms=4_000, cost=cost),
+            req("A", 0.0, steps=3, slo_ms=4_000, cost=cost),
+            req("B", 0.0, steps=4, slo_ms=6_000, cost=cost)]
+    logged = DecisionLog(make_policy("slo", cost.fresh(), forecast="off"))
+    simulate(reqs, logged)
+    first, *rest = logged.log
+    assert sorted(first.gave_up) == [("B", pytest.approx(4.0), pytest.approx(6.0), False),
+                                     ("X", pytest.approx(5.0), pytest.approx(4.0), True)]
+    assert all(d.gave_up == () for d in rest)
+    assert Decision.from_row(first.as_row()) == first
