@@ -218,6 +218,10 @@ class TiledDecodes:
         """``(request id, tiles left, tiles)`` per pending decode, earliest deadline first."""
         return [(d.rid, len(d.units), d.tiles) for d in self._pending]
 
+    def goes_first(self, rid: str) -> bool:
+        """Was the pending decode of ``rid`` pushed with ``first``? (False: unknown id.)"""
+        return any(d.first for d in self._pending if d.rid == rid)
+
     def remove(self, rid: str) -> None:
         """Forget the decode of ``rid`` (cancelled or failed); unknown ids are ignored."""
         self._pending = [d for d in self._pending if d.rid != rid]

@@ -52,7 +52,6 @@ class PlanExecutor:
         self._report: StepReport | None = None  # the iteration's, while its stages run
         self._worked = False
         self._plan_first: set[str] = set()  # this iteration's plan.first_decodes
-        self._first: set[str] = set()  # ids whose tiled decodes go first, until delivered
         self._carried: list = []  # those delivered since the last step's report (requests)
         self._carried_s = 0.0  # and their decode seconds
         self.stats = EngineStats()
@@ -87,7 +86,6 @@ class PlanExecutor:
             job = self.jobs.get(job_id) or self.active.get(job_id)
             if job is None and self.tiles is not None:
                 job = self.tiles.forget(job_id)
-                self._first.discard(job_id)
             if job is not None:
                 self.finish(job, error=RequestCancelled(f"{job_id}: {reason}"))
 
@@ -307,22 +305,19 @@ class PlanExecutor:
         does not hold them for (``TiledDecodes.pick``)."""
         del self.active[job.id]
         report.finished.append(job.id)
-        first = job.id in self._plan_first
-        if self._attempt(job, "decode", self.tiles.start, job, first)[0] and first:
-            self._first.add(job.id)
+        self._attempt(job, "decode", self.tiles.start, job, job.id in self._plan_first)
 
     def _run_tile(self, job_id: str) -> bool | None:
         """Run the next decode tile of ``job_id``: None while tiles remain; True when that was
         its last and the job is delivered; False when the tile raised and the job failed."""
+        first = self.tiles.goes_first(job_id)
         job, output, error = self.tiles.run(job_id)
         if error is not None:
-            self._first.discard(job_id)
             self.finish(job, error=RequestFailed(f"{job_id}: decode failed: {error!r}"))
             return False
         if output is None:
             return None
-        if job_id in self._first:
-            self._first.discard(job_id)
+        if first:
             self._carried.append(job.sched)
             self._carried_s += job.timing.decode_s
         self.finish(job, output=output)

@@ -79,6 +79,10 @@ class TileRunner:
             del self._jobs[job_id]
         return job, output, None
 
+    def goes_first(self, job_id: str) -> bool:
+        """Does the pending decode of ``job_id`` go first (``TiledDecodes.goes_first``)?"""
+        return self._order.goes_first(job_id)
+
     def forget(self, job_id: str) -> Job | None:
         """Drop a pending decode (cancelled or failed); returns its job."""
         entry = self._jobs.pop(job_id, None)

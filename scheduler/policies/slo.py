@@ -506,8 +506,8 @@ class SloPolicy(Policy):
         tight = min((c.slack for c in ontime), default=INF)
         if tight < sum(self._decoding.values()):
             return True
-        first = min((d.request for d in view.decodes if d.request.id in self._decoding),
-                    key=lambda r: r.deadline)
+        # the loop's first-going decode: the earliest-deadline one (view.decodes is in that order)
+        first = next(d.request for d in view.decodes if d.request.id in self._decoding)
         tile = max(self.cost.decode_tiles(first), default=0.0)
         return not self.lane.allows(tile, {first.id: tile})
 
