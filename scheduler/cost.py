@@ -17,6 +17,11 @@ from .steptime import make_step_model
 DEFAULT_PAGE_BYTES = 64 * 2**20
 
 
+#: The relative spread of step times assumed before any step is measured (the simulator's
+#: default timing noise, ``noise.DEFAULT_SIGMA``).
+STEP_SPREAD_PRIOR = 0.03
+
+
 class CostModel:
     """Step/encode/decode time, memory per request and host-link time from a device profile.
 
@@ -41,6 +46,7 @@ class CostModel:
         self._steps = {m: make_step_model(sec["step"]) for m, sec in self._models.items()}
         self._correction = dict.fromkeys(self._models, 1.0)
         self._classes: dict[tuple, float] = {}
+        self._spread: dict[tuple, float] = {}  # EMA of the squared relative step error
         self._alpha = correction_alpha
         self._cache: dict[tuple, float] = {}
         self._decode_cache: dict[tuple, list[float]] = {}
@@ -278,6 +284,11 @@ class CostModel:
         key = ("step", model, _octave_bucket(sum(tokens)))
         old = self._classes.get(key, self._correction[model])
         self._classes[key] = (1 - self._alpha) * old + self._alpha * ratio
+        error = (ratio / old - 1.0) ** 2
+        model_var = self._spread.get(model, STEP_SPREAD_PRIOR**2)
+        class_var = self._spread.get(key, model_var)
+        self._spread[key] = (1 - self._alpha) * class_var + self._alpha * error
+        self._spread[model] = (1 - self._alpha) * model_var + self._alpha * error
         old = self._correction[model]
         self._correction[model] = (1 - self._alpha) * old + self._alpha * ratio
 
@@ -301,6 +312,17 @@ class CostModel:
             return
         old = self._classes.get(key, 1.0)
         self._classes[key] = (1 - self._alpha) * old + self._alpha * measured / predicted
+
+    def step_spread(self, model: str, tokens: int) -> float:
+        """The relative standard deviation of a step's measured time around its corrected
+        prediction, for a step of ``tokens`` in all: the square root of an exponential
+        moving average (the corrections' rate) of the squared relative errors of its shape
+        class, which starts from its model's over every class, which starts from
+        ``STEP_SPREAD_PRIOR``."""
+        var = self._spread.get(("step", model, _octave_bucket(tokens)))
+        if var is None:
+            var = self._spread.get(model, STEP_SPREAD_PRIOR**2)
+        return math.sqrt(var)
 
     def correction(self, model: str) -> float:
         """Current measured/predicted step-time factor for ``model`` over all its shape

@@ -7,7 +7,9 @@ seed and each speed factor f (the device's true times are the profile's × f, pe
 steps, encodes, decodes, moves — ``ditmem.tools.run_speed.scale_profile``, as the demos'
 own "at run speed" references), the demo's trace is rebuilt (seed-mix ÷ 2, 150 requests,
 ρ 0.8 on the profile, deadlines 3 × the profile's standalone times) and replayed with the
-device's truth drawn around the scaled profile (noise σ 3 %, noise seed = the trace seed),
+device's truth drawn around the scaled profile (noise σ ``--noise``, default 3 %; the real
+machine's small steps spread ~7–10 %: ``benchmarks/parallel/results/noise_fit_s14.json``;
+noise seed = the trace seed),
 while each setting of ``slo`` plans with the unscaled profile, decoding tile by tile as the
 demo runs it. The clairvoyant reference (``bound.clairvoyant_misses``) is computed on the
 same trace at the scaled times. Columns per setting: mean excess misses over the
@@ -15,7 +17,7 @@ clairvoyant's, traces within one point of it (≤ 1 excess miss of 150, the real
 criterion), and the median P99 (s).
 
     python benchmarks/scheduler/demo_excess.py [--profiles demo_s18_run2,...] [--seeds 0-9]
-        [--factors 1.0,1.03] [--setting LABEL=KEY:VALUE,...] [--json OUT]
+        [--factors 1.0,1.03] [--setting LABEL=KEY:VALUE,...] [--noise 0.03] [--json OUT]
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "serving" / "results"
 
 
 def replay(profile: str, factor: float, seeds: list[int],
-           settings: list[tuple[str, dict]]) -> dict:
+           settings: list[tuple[str, dict]], sigma: float = DEFAULT_SIGMA) -> dict:
     """One (profile, speed factor) cell: per setting the excess misses of each trace."""
     base = CostModel.load(str(RESULTS / f"{profile}_profile.json"))
     run_cost = CostModel(scale_profile(base.profile, {k: factor for k in KINDS}))
@@ -59,7 +61,7 @@ def replay(profile: str, factor: float, seeds: list[int],
         for label, options in settings:
             policy, _ = make_policy_and_cost("slo", CostModel(base.profile), options)
             sim = simulate([dataclasses.replace(r) for r in trace], policy, run_cost,
-                           decode="tiled", noise=TimingNoise(DEFAULT_SIGMA, 0.0, seed))
+                           decode="tiled", noise=TimingNoise(sigma, 0.0, seed))
             out[label]["excess"].append(sum(not r.met for r in sim.records) - clair)
             out[label]["p99_s"].append(summarize(sim.records)["p99_s"])
     return out
@@ -75,6 +77,8 @@ def main() -> None:
                     help="true times / the profile's (comma-separated)")
     ap.add_argument("--setting", action="append", default=[],
                     help="an slo row LABEL=KEY:VALUE,... besides the default (repeatable)")
+    ap.add_argument("--noise", type=float, default=DEFAULT_SIGMA,
+                    help=f"σ of the true times' lognormal jitter (default {DEFAULT_SIGMA})")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -90,7 +94,7 @@ def main() -> None:
     log.info(head)
     for profile in args.profiles.split(","):
         for factor in (float(f) for f in args.factors.split(",")):
-            cell = replay(profile, factor, seeds, settings)
+            cell = replay(profile, factor, seeds, settings, args.noise)
             line = f"{profile:15} {factor:5.2f}"
             for label, options in settings:
                 ex, p99 = cell[label]["excess"], cell[label]["p99_s"]
@@ -98,7 +102,7 @@ def main() -> None:
                 line += (f" | {'':14} {statistics.mean(ex):6.2f} {within:3d}/{len(ex):<2d}"
                          f" {statistics.median(p99):6.1f}")
                 rows.append({"profile": profile, "factor": factor, "setting": label,
-                             "options": options, "seeds": seeds,
+                             "options": options, "seeds": seeds, "noise": args.noise,
                              "excess_misses": ex, "p99_s": p99})
             log.info(line)
     if args.json:

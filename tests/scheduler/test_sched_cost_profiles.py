@@ -126,3 +126,29 @@ def test_table_prices_unequal_batches_from_their_members():
     mixed = cost.step_time("qwen-image", [4096, 1024])
     # never below the large member alone, nor below the batch-1 sum times the 25 % gain
     assert mixed >= 4.0 and mixed == pytest.approx(max(4.0, 0.75 * (4.0 + 1.0)))
+
+
+def test_step_spread_starts_at_the_prior_and_learns_the_measured_error_per_class():
+    """Issue 13 (session 21): ``step_spread`` is the relative sd of a step's time around
+    its corrected prediction. Before any step: ``STEP_SPREAD_PRIOR``. Steps measured
+    alternately 10 % over and under the profile (a 512² class, 1 s predicted): the
+    correction stays near 1, the relative errors are ~±10 %, so the spread converges to
+    ~0.10 for that class (and the model's), while exact steps of another class bring its
+    own spread down towards 0 — from the model's, where it starts."""
+    from ditmem.scheduler.cost import STEP_SPREAD_PRIOR
+
+    cost = table_cost()
+    tokens = cost.tokens(req("a"))
+    assert cost.step_spread("qwen-image", tokens) == STEP_SPREAD_PRIOR
+    for n in range(200):
+        measured = 1.1 if n % 2 else 0.9
+        cost.observe(StepReport(0.0, ["a"], "qwen-image", [tokens], measured))
+    assert cost.step_spread("qwen-image", tokens) == pytest.approx(0.10, abs=0.01)
+    other = cost.tokens(req("b", size=1024))
+    first = cost.step_spread("qwen-image", other)  # unseen class: the model's
+    assert first == pytest.approx(0.10, abs=0.01)
+    for _ in range(100):
+        cost.observe(StepReport(0.0, ["b"], "qwen-image", [other],
+                                cost.step_time("qwen-image", [other])))
+    assert cost.step_spread("qwen-image", other) < 0.001
+    assert cost.step_spread("qwen-image", tokens) == pytest.approx(0.10, abs=0.01)
