@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .decode_lane import tile_sizes
 from .models import geometry, tokens_for
+from .noise import DEFAULT_SIGMA
 from .plan import StepReport
 from .profiles import load_profile, parse_profile
 from .request import Request
@@ -17,9 +18,9 @@ from .steptime import make_step_model
 DEFAULT_PAGE_BYTES = 64 * 2**20
 
 
-#: The relative spread of step times assumed before any step is measured (the simulator's
-#: default timing noise, ``noise.DEFAULT_SIGMA``).
-STEP_SPREAD_PRIOR = 0.03
+#: The relative spread of step times assumed before any step is measured: the simulator's
+#: default timing noise.
+STEP_SPREAD_PRIOR = DEFAULT_SIGMA
 
 
 class CostModel:

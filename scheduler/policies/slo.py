@@ -179,7 +179,7 @@ class SloPolicy(Policy):
       taken as correlated) an overrun may reach before anyone is set aside for it (step 1;
       default 2; 0: any overrun; docs/results/scheduler.md, "Session 21": on the demo's
       traces 0.76 → 0.63 misses per trace beyond the clairvoyant's at 3 % step noise,
-      0.67 → 0.44 at the 8 % the real machine's small steps show);
+      0.67 → 0.43 at the 8 % the real machine's small steps show);
     * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
       lower-priority arrivals cover (step 1; off: p0 +0.10 to +0.45, overall −0.06 to −0.25);
     * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
