@@ -79,6 +79,7 @@ setup(
         "npu": ["torch_npu"],
         "nvtx": ["nvtx"],
         "ray": ["ray[serve]>=2.40"],
+        "bounds": ["scipy>=1.11"],  # scheduler.exact_bound (HiGHS MILP)
     },
     entry_points={"console_scripts": ["ditmem=ditmem.cli:main"]},
 )

@@ -16,7 +16,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
 fi
 echo "[setup] installing ditmem (editable) and building ditmem._C"
-"${PIP[@]}" install --no-build-isolation -e ".[dev,serve,triton,ray]" 2>&1 | grep -v "is ignored" || true
+"${PIP[@]}" install --no-build-isolation -e ".[dev,serve,triton,ray,bounds]" 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c "import ditmem, ditmem._C, ditmem.ops, ditmem.scheduler" \
     || { echo "[setup] ditmem failed to import after install" >&2; exit 1; }
 echo "[setup] ok: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

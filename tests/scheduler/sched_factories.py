@@ -3,6 +3,8 @@ clock and a hand-driven engine view (no simulator involved)."""
 
 from __future__ import annotations
 
+import itertools
+
 from ditmem.scheduler import (
     CostModel,
     Location,
@@ -166,6 +168,26 @@ def edf_feasible(jobs) -> bool:
                 return False
             live.pop(0)
     return True
+
+
+def best_misses_joint(trace, work, max_flow, tail_flow, exempt):
+    """Fewest misses over every schedule (preemptive, one machine, these works) with every
+    flow <= max_flow and at most ``exempt`` flows > tail_flow: brute force over the late set
+    and the exempt set; None when no schedule keeps the limits."""
+    n = len(trace)
+    exempt_sets = [set(c) for k in range(min(exempt, n) + 1)
+                   for c in itertools.combinations(range(n), k)]
+    for misses in range(n + 1):
+        for late in itertools.combinations(range(n), misses):
+            for ex in exempt_sets:
+                jobs = []
+                for i, r in enumerate(trace):
+                    limit = r.arrival + (max_flow if i in ex else tail_flow)
+                    jobs.append((r.arrival, limit if i in late else min(r.deadline, limit),
+                                 work[i]))
+                if edf_feasible(jobs):
+                    return misses
+    return None
 
 
 class TwoSecondForecast:

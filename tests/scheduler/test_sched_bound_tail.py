@@ -13,7 +13,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_factories import edf_feasible, req, table_cost
+from sched_factories import best_misses_joint, edf_feasible, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.bound import min_misses
@@ -111,26 +111,6 @@ def test_bad_max_flow_is_refused():
 # ---- the joint tail constraint: all flows <= a maximum, at most k above a threshold -------
 
 
-def _best_misses_joint(trace, work, max_flow, tail_flow, exempt):
-    """Fewest misses over every schedule (preemptive, one machine, these works) with every
-    flow <= max_flow and at most ``exempt`` flows > tail_flow: brute force over the late set
-    and the exempt set; None when no schedule keeps the limits."""
-    n = len(trace)
-    exempt_sets = [set(c) for k in range(min(exempt, n) + 1)
-                   for c in itertools.combinations(range(n), k)]
-    for misses in range(n + 1):
-        for late in itertools.combinations(range(n), misses):
-            for ex in exempt_sets:
-                jobs = []
-                for i, r in enumerate(trace):
-                    limit = r.arrival + (max_flow if i in ex else tail_flow)
-                    jobs.append((r.arrival, limit if i in late else min(r.deadline, limit),
-                                 work[i]))
-                if edf_feasible(jobs):
-                    return misses
-    return None
-
-
 # (arrival s, steps, scale) of up to 6 requests, for the brute-force property tests
 _JOBS = st.lists(st.tuples(st.floats(0, 10), st.integers(1, 5), st.sampled_from((1.2, 2.0, 3.0))),
                  min_size=1, max_size=6)
@@ -143,7 +123,7 @@ def _joint_case(cost, jobs, tail_flow, stretch, exempt):
              for i, (a, s, scale) in enumerate(sorted(jobs))]
     work = [cost.standalone_time(r) for r in trace]
     max_flow = tail_flow * stretch
-    return trace, max_flow, _best_misses_joint(trace, work, max_flow, tail_flow, exempt)
+    return trace, max_flow, best_misses_joint(trace, work, max_flow, tail_flow, exempt)
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,7 +157,7 @@ def test_the_exemption_budget_by_hand():
     work = [cost.standalone_time(r) for r in trace]
     for (max_flow, tail_flow, exempt), misses in (((13.0, 12.0, 0), 6), ((13.0, 12.0, 1), 5),
                                                   ((20.0, 20.0, 0), 0)):
-        assert _best_misses_joint(trace, work, max_flow, tail_flow, exempt) == misses
+        assert best_misses_joint(trace, work, max_flow, tail_flow, exempt) == misses
         assert min_misses_tail([trace], cost, max_flow, tail_flow, exempt) == misses
 
 
@@ -197,8 +177,8 @@ def test_pooled_budget_is_shared_between_traces():
     a, b = one("a"), one("b")
     work = [cost.standalone_time(r) for r in a]
     assert work == pytest.approx([4.0, 1.0, 1.0, 1.0])
-    assert _best_misses_joint(a, work, 20.0, 6.0, 0) == 1
-    assert _best_misses_joint(a, work, 20.0, 6.0, 1) == 0
+    assert best_misses_joint(a, work, 20.0, 6.0, 0) == 1
+    assert best_misses_joint(a, work, 20.0, 6.0, 1) == 0
     assert min_misses_tail([a], cost, 20.0, 6.0, 0) == 1
     assert min_misses_tail([a], cost, 20.0, 6.0, 1) == 0
     assert min_misses_tail([a, b], cost, 20.0, 6.0, 2) == 0
@@ -266,7 +246,7 @@ def test_the_batch1_bound_by_hand_where_packing_would_allow_everything():
     work = [cost.standalone_time(r) for r in trace]
     assert work == pytest.approx([6.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     for limits, misses in (((13.0, 12.0, 0), 6), ((13.0, 12.0, 1), 5), ((20.0, 20.0, 0), 0)):
-        assert _best_misses_joint(trace, work, *limits) == misses
+        assert best_misses_joint(trace, work, *limits) == misses
         assert min_misses_tail([trace], cost, *limits, work="standalone") == misses
         assert min_misses_tail([trace], cost, *limits) == 0
     with pytest.raises(ValueError, match="work"):
