@@ -5,11 +5,16 @@ reference and the plain bound, on the same traces.
 ``--part demo``: the one-device demo's traces (seed-mix ÷ 2, 150 requests, ρ 0.8 on a saved
 demo profile, as ``benchmarks/serving/demo_prediction.py`` builds them). Per trace: fifo's
 P99 and maximum (simulated, exact timings), the clairvoyant reference's misses, the exact
-batch-1 optimum with no limit, with P99 ≤ fifo's (at most N − 1 − ⌊0.99 (N − 1)⌋ flows above
-fifo's P99) and with P99 and maximum ≤ fifo's, and the packed lower bound with P99 ≤ fifo's
-(co-present works, the larger of the equal and proportional splits). The real demo's
-criterion — within 1 point of the clairvoyant's attainment and P99 ≤ fifo's — is forbidden
-on a trace where the bound exceeds the clairvoyant's misses by more than 1 % of N.
+batch-1 optimum with no limit; with P99 ≤ fifo's (``exact_bound.min_misses_percentile``,
+``--cells``): the batch-1 lower bound and the misses of a batch-1 schedule that keeps it
+("reached"; none where no grid point is feasible), the batch-1 lower bound with the maximum
+≤ fifo's too, and the lower bound for every schedule, packed or not (co-present works, the
+larger of the equal and proportional splits). The real demo's criterion — within 1 point of
+the clairvoyant's attainment and P99 ≤ fifo's — is forbidden on a trace where the lower
+bound exceeds the clairvoyant's misses by more than 1 % of N.
+
+``--part runs``: the same for real ``ditmem demo`` runs, each trace at slo's measured
+speed, against the P99 of the run's own fifo.
 
 ``--part seed-mix``: seed-mix/h200, ρ 0.8, ``--seeds`` × ``--requests``, the issue's pooled
 target (within 0.5 point of the plain bound, P99 and maximum ≤ fifo's, pooled). fifo's
@@ -20,6 +25,7 @@ fewest pooled misses any split allows (a count between grid points is charged th
 the next point up, which is never larger: a lower bound still).
 
     python benchmarks/scheduler/exact_tail.py --part demo [--profile P.json] [--seeds 10]
+    python benchmarks/scheduler/exact_tail.py --part runs [--runs R1.json,R2.json]
     python benchmarks/scheduler/exact_tail.py --part seed-mix [--seeds 5] [--requests 2000]
         [--json OUT]
 """
@@ -41,7 +47,7 @@ from demo_prediction import demo_trace  # noqa: E402
 
 from ditmem.scheduler import CostModel, make_policy  # noqa: E402
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed  # noqa: E402
-from ditmem.scheduler.exact_bound import min_misses_exact  # noqa: E402
+from ditmem.scheduler.exact_bound import min_misses_exact, min_misses_percentile  # noqa: E402
 from ditmem.scheduler.metrics import percentile  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.scheduler.tail_bound import allowed_above  # noqa: E402
@@ -51,9 +57,15 @@ SPLITS = ("co-present", "co-present-proportional")
 GRID = (0, 10, 20, 30, 40, 60, 100)
 
 
-def packed(reqs, cost, **kw) -> int:
-    """The larger of the two co-present bounds (both bound every schedule)."""
-    return max(min_misses_exact(reqs, cost, work=w, **kw).misses for w in SPLITS)
+def packed(reqs, cost, **kw) -> float:
+    """The larger of the two co-present bounds (both bound every schedule); inf where no
+    schedule keeps the flow limits."""
+    try:
+        return max(min_misses_exact(reqs, cost, work=w, **kw).misses for w in SPLITS)
+    except ValueError as e:
+        if "flow limits" not in str(e):
+            raise
+        return math.inf
 
 
 def fifo_flows(reqs, cost) -> list[float]:
@@ -67,35 +79,105 @@ def demo_part(args) -> dict:
     for seed in tqdm(range(args.seeds), desc="traces"):
         reqs = demo_trace(cost, 2, args.requests, seed, args.load, True)
         flows = fifo_flows(reqs, cost)
-        p99, worst, k = percentile(flows, 99), max(flows), allowed_above(len(reqs), 99)
+        p99, worst = percentile(flows, 99), max(flows)
+        b1 = min_misses_percentile(reqs, q=99, value=p99, cells=args.cells)
+        both = min_misses_percentile(reqs, q=99, value=p99, max_flow=worst, cells=args.cells)
+        pk = max(min_misses_percentile(reqs, cost, q=99, value=p99, work=w,
+                                       cells=args.cells).lower for w in SPLITS)
         row = {
             "seed": seed, "requests": len(reqs), "fifo_p99_s": p99, "fifo_max_s": worst,
-            "allowed_above": k, "clairvoyant": clairvoyant_misses(reqs, cost),
+            "clairvoyant": clairvoyant_misses(reqs, cost),
             "batch1": min_misses_exact(reqs).misses,
-            "batch1_p99": min_misses_exact(reqs, tail_flow=p99, exempt=k).misses,
-            "batch1_p99_max": min_misses_exact(reqs, tail_flow=p99, exempt=k,
-                                               max_flow=worst).misses,
+            "batch1_p99_lower": b1.lower, "batch1_p99_reached": b1.upper,
+            "batch1_p99_max_lower": both.lower,
             "packed": max(packed(reqs, cost), min_misses_packed(reqs, cost)),
-            "packed_p99": packed(reqs, cost, tail_flow=p99, exempt=k),
+            "packed_p99_lower": pk,
         }
-        row["forbidden_batch1"] = row["batch1_p99"] - row["clairvoyant"] > 0.01 * len(reqs)
-        row["forbidden"] = row["packed_p99"] - row["clairvoyant"] > 0.01 * len(reqs)
+        slack = 0.01 * len(reqs)
+        row["forbidden_batch1"] = row["batch1_p99_lower"] - row["clairvoyant"] > slack
+        row["forbidden"] = row["packed_p99_lower"] - row["clairvoyant"] > slack
         rows.append(row)
     print(f"demo traces on {args.profile} (seed-mix ÷ 2, {args.requests} requests, "
           f"ρ {args.load}); misses; * = the pair 'within 1 point of the clairvoyant and "
           f"P99 ≤ fifo's' is forbidden (batch-1 / any schedule)")
-    print(f"{'seed':>4} {'fifo P99':>8} {'max':>6} {'clairv.':>7} {'b1':>3} {'b1 P99':>6} "
-          f"{'b1 P99+max':>10} {'packed':>6} {'packed P99':>10}")
+    print(f"{'seed':>4} {'fifo P99':>8} {'max':>6} {'clairv.':>7} {'b1':>3} "
+          f"{'b1 P99 ≥':>8} {'reached':>7} {'b1 P99+max ≥':>12} {'packed ≥':>8} "
+          f"{'packed P99 ≥':>12}")
     for r in rows:
         print(f"{r['seed']:>4} {r['fifo_p99_s']:8.1f} {r['fifo_max_s']:6.1f} "
               f"{r['clairvoyant']:7d} {r['batch1']:3d} "
-              f"{r['batch1_p99']:5d}{'*' if r['forbidden_batch1'] else ' '} "
-              f"{r['batch1_p99_max']:10d} {r['packed']:6d} "
-              f"{r['packed_p99']:9d}{'*' if r['forbidden'] else ' '}")
+              f"{r['batch1_p99_lower']:7d}{'*' if r['forbidden_batch1'] else ' '} "
+              f"{_cell(r['batch1_p99_reached']):>7} {r['batch1_p99_max_lower']:12d} "
+              f"{r['packed']:8d} {r['packed_p99_lower']:11d}{'*' if r['forbidden'] else ' '}")
     n = sum(r["requests"] for r in rows)
-    for key in ("clairvoyant", "batch1", "batch1_p99", "batch1_p99_max", "packed", "packed_p99"):
-        print(f"  {key:<16} {100 * (1 - sum(r[key] for r in rows) / n):6.2f} %")
-    return {"part": "demo", "profile": args.profile, "rows": rows}
+    for key in ("clairvoyant", "batch1", "batch1_p99_lower", "batch1_p99_reached",
+                "batch1_p99_max_lower", "packed", "packed_p99_lower"):
+        if all(r[key] is not None for r in rows):
+            print(f"  {key:<22} {100 * (1 - sum(r[key] for r in rows) / n):6.2f} %")
+    return {"part": "demo", "profile": args.profile, "cells": args.cells, "rows": rows}
+
+
+def _cell(value) -> str:
+    return "none" if value is None else str(value)
+
+
+def runs_part(args) -> dict:
+    """Each real run (``--runs``: ``ditmem demo --json`` files, the start-up profile saved
+    beside as ``<name>_profile.json``): its trace at slo's run speed
+    (``run_speed.as_run``), its clairvoyant reference there, and the lower bound for every
+    schedule with P99 ≤ the real fifo's P99."""
+    from ditmem.tools.run_speed import as_run, scale_profile
+
+    rows = []
+    for path in tqdm(args.runs.split(","), desc="runs"):
+        run = {r["policy"]: r for r in json.loads(Path(path).read_text())}
+        profile = CostModel.load(str(Path(path).with_name(Path(path).stem + "_profile.json")))
+        slo = run["slo"]
+        reqs = demo_trace(profile, slo.get("divisor", 2), slo["requests"], slo["seed"],
+                          slo["load"], slo.get("exact_load", False))  # (before session 17)
+        ran = {p["id"]: (p["arrival_s"], p["deadline_s"]) for p in slo["per_request"]}
+        if any(abs(ran[r.id][0] - r.arrival) > 1e-6 or abs(ran[r.id][1] - r.deadline) > 1e-6
+               for r in reqs):
+            raise ValueError(f"{path}: the rebuilt trace is not the one the run served")
+        cost = CostModel(scale_profile(profile.profile, slo["at_run_speed"]["factors"]))
+        reqs = as_run(reqs, cost)
+        p99 = run["fifo"]["p99_s"]
+        lower = _percentile_or_none(reqs, cost, p99, args.cells, SPLITS)
+        b1 = _percentile_or_none(reqs, None, p99, args.cells, ("standalone",))
+        rows.append({"run": path, "fifo_p99_s": p99, "slo_p99_s": slo["p99_s"],
+                     "slo_misses": round((1 - slo["slo_attainment"]) * len(reqs)),
+                     "speed": slo["at_run_speed"]["factors"].get("steps"),
+                     "clairvoyant": clairvoyant_misses(reqs, cost),
+                     "batch1_p99_lower": None if b1 is None else b1.lower,
+                     "batch1_p99_reached": None if b1 is None else b1.upper,
+                     "packed_p99_lower": None if lower is None else lower.lower,
+                     "requests": len(reqs)})
+    print("real runs: misses at slo's run speed, with P99 ≤ the real fifo's P99 "
+          "(none: no schedule keeps that P99 at all)")
+    print(f"{'run':<16} {'steps ×':>7} {'fifo P99':>8} {'slo':>4} {'clairv.':>7} "
+          f"{'b1 P99 ≥':>8} {'reached':>7} {'packed P99 ≥':>12} verdict")
+    for r in rows:
+        low = r["packed_p99_lower"]
+        r["forbidden"] = low is None or low - r["clairvoyant"] > 0.01 * r["requests"]
+        print(f"{Path(r['run']).stem:<16} {r['speed']:7.2f} {r['fifo_p99_s']:8.1f} "
+              f"{r['slo_misses']:4d} {r['clairvoyant']:7d} {_cell(r['batch1_p99_lower']):>8} "
+              f"{_cell(r['batch1_p99_reached']):>7} {_cell(low):>12} "
+              f"{'forbidden' if r['forbidden'] else 'not forbidden'}")
+    print(f"forbidden in {sum(r['forbidden'] for r in rows)} of {len(rows)} runs")
+    return {"part": "runs", "cells": args.cells, "rows": rows}
+
+
+def _percentile_or_none(reqs, cost, p99, cells, works):
+    """The largest ``min_misses_percentile`` lower bound over ``works`` (P99 ≤ ``p99``), or
+    None where no schedule keeps that P99 at all."""
+    try:
+        got = [min_misses_percentile(reqs, cost, q=99, value=p99, work=w, cells=cells)
+               for w in works]
+    except ValueError as e:
+        if "flow limits" not in str(e):
+            raise
+        return None
+    return max(got, key=lambda b: b.lower)
 
 
 def seed_mix_part(args) -> dict:
@@ -115,8 +197,7 @@ def seed_mix_part(args) -> dict:
     plain, table = 0, []
     for reqs in tqdm(traces, desc="traces"):
         plain += min_misses_packed(reqs, sc.cost)
-        table.append({e: packed(reqs, sc.cost, tail_flow=p99, exempt=e, max_flow=worst)
-                      for e in GRID})
+        table.append({e: packed(reqs, sc.cost, limits=[(p99, e), (worst, 0)]) for e in GRID})
     pooled = _split_budget(table, budget)
     bound = 1 - plain / n
     with_tail = 1 - pooled / n
@@ -131,7 +212,8 @@ def seed_mix_part(args) -> dict:
           f"{'forbidden' if with_tail < bound - 0.005 else 'not forbidden'})")
     return {"part": "seed-mix", "seeds": seeds, "requests": args.requests, "fifo_p99_s": p99,
             "fifo_max_s": worst, "allowed_above": budget, "plain_bound": bound,
-            "per_trace": [{str(e): m for e, m in row.items()} for row in table],
+            "per_trace": [{str(e): (None if m == math.inf else m) for e, m in row.items()}
+                          for row in table],
             "bound_with_tail": with_tail}
 
 
@@ -157,20 +239,26 @@ def _split_budget(table: list[dict[int, int]], budget: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=("demo", "seed-mix"), default="demo")
+    ap.add_argument("--part", choices=("demo", "runs", "seed-mix"), default="demo")
+    ap.add_argument("--runs", default=",".join(
+        f"benchmarks/serving/results/demo_s21_run{k}.json" for k in (1, 2, 3)),
+        help="runs: comma list of real demo JSON files")
     ap.add_argument("--profile", default="benchmarks/serving/results/demo_s21_run2_profile.json",
                     help="demo: the saved demo profile")
     ap.add_argument("--seeds", type=int, default=None, help="traces (demo 10, seed-mix 5)")
     ap.add_argument("--seed", type=int, default=0, help="seed-mix: first seed")
     ap.add_argument("--requests", type=int, default=None, help="demo 150, seed-mix 2000")
     ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--cells", type=int, default=8,
+                    help="demo: cells of the P99's lower order statistic (min_misses_percentile)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     demo = args.part == "demo"
     args.seeds = args.seeds or (10 if demo else 5)
     args.requests = args.requests or (150 if demo else 2000)
-    out = demo_part(args) if demo else seed_mix_part(args)
+    parts = {"demo": demo_part, "runs": runs_part, "seed-mix": seed_mix_part}
+    out = parts[args.part](args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
         print(f"json: {args.json}")
