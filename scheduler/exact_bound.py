@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,14 +105,50 @@ def min_misses_exact(
     solve. ValueError on bad arguments or when no schedule keeps the limits."""
     if work not in EXACT_WORK_KINDS:
         raise ValueError(f"work must be one of {EXACT_WORK_KINDS}, got {work!r}")
+    if any(r.deadline is None or r.standalone_s is None for r in requests):
+        raise ValueError("every request needs its deadline and standalone_s (assign_deadline)")
+    bounds, counts, most = _tiers(limits)
+    if work == "standalone":
+        def work_of(j: int, tier: int, late: bool, cap: float) -> float:
+            return requests[j].standalone_s
+    else:
+        if cost is None:
+            raise ValueError(f"work={work!r} needs the cost model")
+        from .tail_bound import co_present_works
+
+        tail_flow, exempt = (bounds[0], counts[0]) if bounds else (most, 0)
+        works = co_present_works(requests, cost, work, most, tail_flow, exempt)
+
+        def work_of(j: int, tier: int, late: bool, cap: float) -> float:
+            if not late:
+                return works.on_time[j]
+            return works.tail[j] if tier == 0 else works.max[j]
+    return min_misses_with(requests, work_of, limits=limits, time_limit_s=time_limit_s)
+
+
+def min_misses_with(
+    requests: Sequence[Request],
+    work_of: Callable[[int, int, bool, float], float],
+    *,
+    limits: Sequence[tuple[float, int]] = (),
+    time_limit_s: float = 120.0,
+) -> ExactBound:
+    """``min_misses_exact`` with the works given: ``work_of(j, tier, late, cap)`` is the
+    device-seconds (of a machine of speed 1) request j needs at least when it finishes in
+    tier ``tier``, late or not, with its flow at most ``cap`` s (inf in the unbounded
+    tier); inf where it cannot finish within ``cap``. Sound for any model where a request's
+    least work is a nonincreasing function of its flow limit and the machine does at most
+    t − r of work in [r, t] (e.g. D devices with every work ÷ D: ``node.exact_bound``)."""
     if not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
     bounds, counts, most = _tiers(limits)
-    if any(r.deadline is None or r.standalone_s is None for r in requests):
-        raise ValueError("every request needs its deadline and standalone_s (assign_deadline)")
+    if any(r.deadline is None for r in requests):
+        raise ValueError("every request needs its deadline (assign_deadline)")
     if not requests:
         return ExactBound(0, True, 0, 0)
-    options = _options(requests, cost, work, bounds, counts, most)
+    options = _options(requests, work_of, bounds, most)
+    if len({o.job for o in options}) < len(requests):  # someone cannot finish within any
+        raise ValueError("no schedule keeps the flow limits")
     return _solve(np.array([r.arrival for r in requests], float), options, len(requests),
                   counts, time_limit_s)
 
@@ -146,17 +182,7 @@ def _tiers(limits) -> tuple[list[float], list[int], float]:
     return bounds, counts, most
 
 
-def _options(requests, cost, work, bounds, counts, most) -> list[_Option]:
-    if work == "standalone":
-        on_time = tail = top = [r.standalone_s for r in requests]
-    else:
-        if cost is None:
-            raise ValueError(f"work={work!r} needs the cost model")
-        from .tail_bound import co_present_works
-
-        tail_flow, exempt = (bounds[0], counts[0]) if bounds else (most, 0)
-        works = co_present_works(requests, cost, work, most, tail_flow, exempt)
-        on_time, tail, top = works.on_time, works.tail, works.max
+def _options(requests, work_of, bounds, most) -> list[_Option]:
     uppers = [*bounds, most]
     out = []
     for j, r in enumerate(requests):
@@ -164,9 +190,14 @@ def _options(requests, cost, work, bounds, counts, most) -> list[_Option]:
         for k, upper in enumerate(uppers):
             lower = bounds[k - 1] if k else -INF
             if d > a + lower:  # on time with a flow in (lower, upper]
-                out.append(_Option(j, min(d, a + upper), False, k, on_time[j]))
+                due = min(d, a + upper)
+                w = work_of(j, k, False, due - a)
+                if w < INF:
+                    out.append(_Option(j, due, False, k, w))
             if a + upper > d:
-                out.append(_Option(j, a + upper, True, k, tail[j] if k == 0 else top[j]))
+                w = work_of(j, k, True, upper)
+                if w < INF:
+                    out.append(_Option(j, a + upper, True, k, w))
     return out
 
 
@@ -307,36 +338,54 @@ def min_misses_percentile(
     above a and N − 2 − lo above Y(a) has the percentile ≤ (1 − f) a + f Y(a) = ``value``,
     so the least over the cell edges (batch-1 works: a real schedule) is reached. (With
     f = 0, the rank-lo flow alone decides: exact at x = ``value``.)"""
+    top = [] if max_flow == INF else [(max_flow, 0)]
+
+    def solve(limits) -> ExactBound:
+        return min_misses_exact(requests, cost, work=work, limits=[*limits, *top],
+                                time_limit_s=time_limit_s)
+
+    return percentile_search(len(requests), q, value, solve, cells=cells,
+                             reaches=work == "standalone")
+
+
+def percentile_search(
+    n: int,
+    q: float,
+    value: float,
+    solve: Callable[[list[tuple[float, int]]], ExactBound],
+    *,
+    cells: int = 8,
+    reaches: bool = False,
+) -> PercentileBound:
+    """``min_misses_percentile``'s cells for any exact solver: ``solve(limits)`` is the
+    fewest misses of the ``n`` requests under ``limits`` (ValueError "flow limits" where
+    none keeps them); ``reaches``: its optimum is a schedule (then ``upper`` is set)."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be in [0, 100], got {q!r}")
     if not value > 0:
         raise ValueError(f"value must be > 0 s, got {value!r}")
     if cells < 1:
         raise ValueError(f"cells must be >= 1, got {cells!r}")
-    n = len(requests)
     if n == 0:
         return PercentileBound(0, 0, True)
     h = (n - 1) * q / 100.0
     lo = math.floor(h)
     f = h - lo
     above_x, above_y = n - 1 - lo, max(0, n - 2 - lo)
-    top = [] if max_flow == INF else [(max_flow, 0)]
 
-    def solve(limits) -> ExactBound | None:
+    def attempt(limits) -> ExactBound | None:
         try:
-            return min_misses_exact(requests, cost, work=work, limits=[*limits, *top],
-                                    time_limit_s=time_limit_s)
+            return solve(limits)
         except ValueError as e:
             if "flow limits" not in str(e):
                 raise
             return None
 
     if f == 0 or above_x == 0:
-        got = solve([(value, above_x)] if above_x else [(value, 0)])
+        got = attempt([(value, above_x)])
         if got is None:
             raise ValueError("no schedule keeps the flow limits")
-        return PercentileBound(got.misses, got.misses if work == "standalone" else None,
-                               got.optimal)
+        return PercentileBound(got.misses, got.misses if reaches else None, got.optimal)
 
     def y_of(x: float) -> float:
         return (value - (1 - f) * x) / f
@@ -347,15 +396,15 @@ def min_misses_percentile(
         edges = sorted({*edges, *(value / 2 * i / (cells - half) for i in range(cells - half))})
     lowers, optimal = [], True
     for a, b in zip(edges, edges[1:], strict=False):
-        got = solve([(b, above_x), (y_of(a), above_y)])
+        got = attempt([(b, above_x), (y_of(a), above_y)])
         if got is not None:
             lowers.append(got.misses)
             optimal &= got.optimal
     if not lowers:
         raise ValueError("no schedule keeps the flow limits")
     upper = None
-    if work == "standalone":
+    if reaches:
         reached = [g.misses for a in edges if a > 0
-                   if (g := solve([(a, above_x), (y_of(a), above_y)])) is not None]
+                   if (g := attempt([(a, above_x), (y_of(a), above_y)])) is not None]
         upper = min(reached, default=None)
     return PercentileBound(min(lowers), upper, optimal)

@@ -414,12 +414,14 @@ def limits(trace, cost, devices: int) -> dict:
     """The trace's limits: the offline attainment bound on the node, the clairvoyant
     reference (EDF with give-up on the D-times-faster machine), the P95 floor as the
     issue defines the bar (95th percentile of each request's time alone at the highest
-    degree) and the proven least P95 / P99 of any schedule (``latency_bound``: the node's
-    capacity and the least step of any batch; ``p95_bound_s`` > 1.2 x the floor would
-    forbid that bar)."""
+    degree, its decode split over the group's devices as `slo` runs a lone request's) and
+    the proven least P95 / P99 of any schedule (``latency_bound``: the node's capacity and
+    the least step of any batch; ``p95_bound_s`` > 1.2 x the floor would forbid that
+    bar)."""
     from ditmem.scheduler.node.bound import (
         clairvoyant_node_misses,
         latency_bound,
+        least_decode_latency,
         min_node_misses,
     )
     from ditmem.scheduler.node.cost import NodeCost
@@ -430,7 +432,10 @@ def limits(trace, cost, devices: int) -> dict:
     reqs = [dataclasses.replace(r) for r in trace]
     bound = 1 - min_node_misses(reqs, ncost, devices, topo.degrees) / len(reqs)
     clairvoyant = 1 - clairvoyant_node_misses(reqs, ncost, devices) / len(reqs)
-    alone = sorted(ncost.standalone(r, max(topo.degrees)) for r in reqs)
+    top = max(topo.degrees)
+    # alone at the highest degree, its decode split over the group as slo runs it
+    alone = sorted(ncost.standalone(r, top) - ncost.decode_time(r)
+                   + least_decode_latency(r, ncost, top) for r in reqs)
     floor = alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
     proven = {f"p{q}_bound_s": latency_bound([reqs], ncost, devices, topo.degrees, q)
               for q in (95, 99)}

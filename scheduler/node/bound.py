@@ -19,8 +19,13 @@ the bound is on the profile's times; with timing noise on, true times scatter by
 percent around them, so the bound is approximate to that order (the property test runs
 noise-free).
 
-**Latency floor and latency bound (P95).** A request's latency is at least its encode,
-its decode (single-device stages, serial with its steps) and the sum of its step durations.
+**Latency floor and latency bound (P95).** A request's latency is at least its encode (one
+device), its decode at its fastest (a decode split over k ≤ max(degrees) devices ends no
+sooner than its slowest device's tiles, nor than its lane's tiles plus the blend:
+``least_decode_latency``), serial with its steps, and the sum of its step durations. (Until
+session 23 the whole single-device decode was charged here, which `slo`'s split decodes
+beat: a 1024² alone on two devices in 3.89 s against a "floor" of 5.40 s.) Its
+device-seconds count every decode tile and the blend (``least_decode_work``).
 A step of a packed batch lasts at least the request's own share of it (the shares add up to
 the step), and its share at degree d is at least ``profile_step_share`` (the single-device
 bound's least share, with any partners of the trace) ÷ the largest speed-up any batch
@@ -101,14 +106,15 @@ class _PooledCost:
 
 def fastest_alone(request: Request, ncost: NodeCost, degrees: Sequence[int]) -> float:
     """Least seconds ``request`` can take from arrival to finish on the node: encode, its
-    steps at the fastest degree, decode (profile times, no correction)."""
+    steps at the fastest degree, its decode at its fastest split (profile times)."""
     cost = ncost.cost
     tokens = cost.tokens(request)
     step = min(
         cost.step_time(request.model, [tokens]) / ncost.speedup(request.model, tokens, d)
         for d in degrees
     )
-    return cost.encode_time(request) + request.steps * step + cost.decode_time(request)
+    return (cost.encode_time(request) + request.steps * step
+            + least_decode_latency(request, ncost, max(degrees)))
 
 
 def check_speedups(ncost: NodeCost, requests: Sequence[Request], degrees: Sequence[int]) -> None:
@@ -275,10 +281,38 @@ class StepFloors:
         k = len(self.degrees)
         return tuple(min(p[0] for p in pts[i::k]) for i in range(k))
 
-    def stages(self, request: Request) -> float:
-        """Encode + decode seconds (single-device, serial with the steps)."""
-        cost = self.ncost.cost
-        return cost.encode_time(request) + cost.decode_time(request)
+    def stage_latency(self, request: Request) -> float:
+        """Least seconds of its encode + decode (serial with the steps): the encode on one
+        device, the decode at its fastest over 1 … max(degrees) devices
+        (``least_decode_latency``: a split decode's tiles run side by side)."""
+        return self.ncost.cost.encode_time(request) + least_decode_latency(
+            request, self.ncost, max(self.degrees))
+
+    def stage_work(self, request: Request) -> float:
+        """Least device-seconds of its encode + decode: a split decode still runs every
+        tile (its parts add up to the whole) and blends on its lane."""
+        return self.ncost.cost.encode_time(request) + least_decode_work(
+            request, self.ncost, max(self.degrees))
+
+
+def least_decode_latency(request: Request, ncost: NodeCost, most: int) -> float:
+    """Least seconds of ``request``'s decode over k = 1 … ``most`` devices: a split decode
+    (``NodeCost.decode_parts``) ends no sooner than its slowest device's tiles, nor than
+    its lane's tiles plus the blend."""
+    best = INF
+    for k in range(1, most + 1):
+        parts, blend = ncost.decode_parts(request, k)
+        best = min(best, max(max(parts), parts[0] + blend))
+    return best
+
+
+def least_decode_work(request: Request, ncost: NodeCost, most: int) -> float:
+    """Least device-seconds of ``request``'s decode over k = 1 … ``most`` devices."""
+    best = INF
+    for k in range(1, most + 1):
+        parts, blend = ncost.decode_parts(request, k)
+        best = min(best, sum(parts) + blend)
+    return best
 
 
 def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -330,7 +364,7 @@ def _step_floor(request: Request, floors: StepFloors, rule: str) -> tuple[float,
 def least_latency(request: Request, floors: StepFloors, *, rule: str = "step") -> float:
     """Least seconds from arrival to finish in any schedule: encode + decode + its steps at
     their shortest duration (module docstring; ``rule`` in ``LATENCY_RULES``)."""
-    return floors.stages(request) + request.steps * min(_step_floor(request, floors, rule))
+    return floors.stage_latency(request) + request.steps * min(_step_floor(request, floors, rule))
 
 
 def least_device_seconds(request: Request, floors: StepFloors, latency: float, *,
@@ -348,8 +382,8 @@ def least_device_seconds(request: Request, floors: StepFloors, latency: float, *
     best speed-up, as duration, and d × that as charge) — looser: a step never lasts only
     the request's own share."""
     _check_rule(rule)
-    stages = floors.stages(request)
-    budget = latency - stages
+    stages = floors.stage_work(request)
+    budget = latency - floors.stage_latency(request)
     steps = request.steps
     if rule == "step" and floors.step_points(request) is not None:
         return stages + steps * _hull_min(floors.hull(request), budget / steps)

@@ -39,6 +39,18 @@ def node_cost(**kw) -> NodeCost:
     return NodeCost(CostModel.from_dict(node_profile(**kw)))
 
 
+def tiled_node_cost() -> NodeCost:
+    """``node_profile`` with tiled decodes (1 s per megapixel in 256-px tiles of 0.25 s),
+    which a node may split over a group's devices."""
+    prof = node_profile(decode_s_per_mp=1.0)
+    prof["models"]["qwen-image"].update(
+        decode_tile_px={"value": 256, "source": "test"},
+        decode_stride_px={"value": 256, "source": "test"},
+        decode_tile_s={"value": 0.25, "source": "test"},
+    )
+    return NodeCost(CostModel.from_dict(prof))
+
+
 def run(requests, policy: str, devices: int, ncost: NodeCost | None = None, **options):
     """Simulate ``requests`` (deadlines set) noise-free; returns the NodeResult."""
     ncost = ncost or node_cost()

@@ -6,7 +6,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from node_factories import node_cost, run
+from node_factories import node_cost, run, tiled_node_cost
 from sched_factories import edf_feasible, req
 
 from ditmem.scheduler.metrics import percentile
@@ -82,9 +82,9 @@ _request = st.tuples(
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(_request, min_size=1, max_size=9), st.sampled_from([1, 2, 4]))
-def test_no_policy_beats_the_bound(specs, devices):
-    nc = node_cost()
+@given(st.lists(_request, min_size=1, max_size=9), st.sampled_from([1, 2, 4]), st.booleans())
+def test_no_policy_beats_the_bound(specs, devices, tiled):
+    nc = tiled_node_cost() if tiled else node_cost()
     degrees = tuple(d for d in (1, 2, 4) if d <= devices)
     rs = [
         req(f"r{i}", at, size=size, steps=steps, priority=p, cost=nc.cost, scale=scale)
@@ -118,6 +118,22 @@ def test_least_latency_and_device_seconds_by_hand():
     assert least_device_seconds(r, floors, 6.5) == pytest.approx(18.0)
     assert least_device_seconds(r, floors, 5.0) == pytest.approx(20.0)
     assert least_device_seconds(r, floors, 4.9) == float("inf")
+
+
+def test_a_split_decode_is_in_the_least_latency():
+    # 1024², 4 steps: 2 s each at degree 2; its decode is 16 tiles of 0.25 s (4 s whole),
+    # 2 s on each of two devices plus the blend (the other half of the image back over the
+    # host link: 1024² × 0.5 × TILE_BYTES_PER_PIXEL ÷ 1e8 B/s, and 3 commands of latency).
+    nc = tiled_node_cost()
+    r = req("r", 0, size=1024, steps=4, cost=nc.cost)
+    parts, blend = nc.decode_parts(r, 2)
+    assert parts == pytest.approx([2.0, 2.0]) and blend > 0
+    floors = StepFloors([r], nc, (1, 2))
+    assert least_latency(r, floors) == pytest.approx(8.0 + 2.0 + blend)  # not 8 + 4 whole
+    assert least_device_seconds(r, floors, 100.0) == pytest.approx(16.0 + 4.0)
+    # 2 devices' slo splits the decode of a request alone: it ends exactly at the floor
+    alone = run([r], "slo", 2, nc).records[0]
+    assert alone.latency == pytest.approx(least_latency(r, floors))
 
 
 def test_latency_floor_is_the_percentile_of_least_latencies():
@@ -183,9 +199,9 @@ def test_latency_bound_sees_the_capacity():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(_request, min_size=1, max_size=9), st.sampled_from([1, 2, 4]))
-def test_no_policy_beats_the_latency_bound(specs, devices):
-    nc = node_cost()
+@given(st.lists(_request, min_size=1, max_size=9), st.sampled_from([1, 2, 4]), st.booleans())
+def test_no_policy_beats_the_latency_bound(specs, devices, tiled):
+    nc = tiled_node_cost() if tiled else node_cost()  # tiled: decodes split over a group
     degrees = tuple(d for d in (1, 2, 4) if d <= devices)
     rs = [
         req(f"r{i}", at, size=size, steps=steps, priority=p, cost=nc.cost, scale=scale)
