@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ditmem.deploy.errors import rebuild_error
-from ditmem.engine.admission import scheduled
+from ditmem.engine.admission import scheduled, window_ms
 from ditmem.engine.results import EngineFault, EngineStopped, RequestCancelled, Ticket
 from ditmem.engine.stats import EngineStats
 from ditmem.scheduler import CostModel
@@ -140,7 +140,7 @@ class RemoteEngine:
                              float(sched.deadline))
         job = {"request": request, "priority": priority, "slo_ms": slo_ms,
                "max_standalone_s": max_standalone_s, "route": asdict(route)}
-        ticket = Ticket(request.request_id, priority, 1000.0 * (sched.deadline - now))
+        ticket = Ticket(request.request_id, priority, window_ms(sched))
         flight = Flight(job, ticket)
         with self.lock:
             if request.request_id in self.flights:

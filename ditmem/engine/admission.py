@@ -26,6 +26,15 @@ def scheduled(request: GenerationRequest, model: str, now: float, priority: int,
     return sched
 
 
+def window_ms(sched: Request) -> float:
+    """The SLO window ``sched`` is held to (ms): the client's ``slo_ms`` exactly where it
+    gave one (not recomputed from the deadline, which float arithmetic on the arrival
+    clock would round), else the cost model's window."""
+    if sched.slo_ms is not None:
+        return float(sched.slo_ms)
+    return 1000.0 * (sched.deadline - sched.arrival)
+
+
 def pages_needed(gen, request: GenerationRequest, page_bytes: int, pool_pages: int,
                  pool: str = "the pool") -> int:
     """Pages ``request``'s state needs (``gen.estimate_pages``). ``InvalidRequest`` naming

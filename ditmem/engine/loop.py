@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 
-from ditmem.engine.admission import check_standalone, pages_needed, scheduled
+from ditmem.engine.admission import check_standalone, pages_needed, scheduled, window_ms
 from ditmem.engine.executor import PlanExecutor
 from ditmem.engine.handoff import Handoff
 from ditmem.engine.intake import Intake
@@ -131,8 +131,7 @@ class Engine:
         sched = scheduled(request, self.model, now, priority, slo_ms, self.cost,
                           self.slo_scale)
         check_standalone(sched, max_standalone_s, "this device")
-        slo = 1000.0 * (sched.deadline - sched.arrival)
-        ticket = Ticket(request.request_id, priority, slo)
+        ticket = Ticket(request.request_id, priority, window_ms(sched))
         job = Job(gen=request, sched=sched, ticket=ticket, timing=Timing(arrival=now),
                   pages_needed=need)
         if self._exact is not None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ditmem.engine.admission import check_standalone, pages_needed, scheduled
+from ditmem.engine.admission import check_standalone, pages_needed, scheduled, window_ms
 from ditmem.engine.results import (
     EngineFault,
     EngineStopped,
@@ -145,7 +145,7 @@ class NodeService:
         sched = scheduled(request, self.model, now, priority, slo_ms, self.cost,
                           self.slo_scale)
         check_standalone(sched, max_standalone_s, "one device")
-        ticket = Ticket(request.request_id, priority, 1000.0 * (sched.deadline - now))
+        ticket = Ticket(request.request_id, priority, window_ms(sched))
         live = _Live(request, sched, ticket, Timing(arrival=now))
         with self._lock:
             if request.request_id in self._live:
