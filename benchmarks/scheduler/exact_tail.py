@@ -24,7 +24,15 @@ packed bound is solved on a grid of exemption counts and a knapsack over traces 
 fewest pooled misses any split allows (a count between grid points is charged the bound of
 the next point up, which is never larger: a lower bound still).
 
+``--part node-demo``: the two-device demo's traces (``ditmem demo --devices 2``: seed-mix ÷ 2,
+150 requests, ρ 0.8) on saved main-job profiles (``--node-profiles``): the P95 floor
+(``node_demo.limits``: alone at degree 2, decode split), fifo's P95 (the node simulator,
+noise σ 3 %, as the demo's prediction), and the exact program on the pooled node
+(``node.exact_bound``) with no limit and with the P95 at most the demo's bar max(0.5 ×
+fifo's, 1.2 × floor), at most 1.2 × the floor, and at most the floor.
+
     python benchmarks/scheduler/exact_tail.py --part demo [--profile P.json] [--seeds 10]
+    python benchmarks/scheduler/exact_tail.py --part node-demo [--node-profiles a,b] [--seeds 10]
     python benchmarks/scheduler/exact_tail.py --part runs [--runs R1.json,R2.json]
     python benchmarks/scheduler/exact_tail.py --part seed-mix [--seeds 5] [--requests 2000]
         [--json OUT]
@@ -115,6 +123,69 @@ def demo_part(args) -> dict:
         if all(r[key] is not None for r in rows):
             print(f"  {key:<22} {100 * (1 - sum(r[key] for r in rows) / n):6.2f} %")
     return {"part": "demo", "profile": args.profile, "cells": args.cells, "rows": rows}
+
+
+def node_demo_part(args) -> dict:
+    import types
+
+    from ditmem.scheduler.node.cost import NodeCost
+    from ditmem.scheduler.node.exact_bound import min_node_misses_exact
+    from ditmem.scheduler.node.topology import Node
+    from ditmem.tools.node_demo import build_trace, limits, predict
+
+    rows = []
+    names = args.node_profiles.split(",")
+    for name, seed in tqdm([(n, s) for n in names for s in range(args.seeds)], desc="traces"):
+        path = f"benchmarks/parallel/results/demo_devices2_{name}_profile.json"
+        cost = CostModel.load(path)
+        meta = types.SimpleNamespace(workload="seed-mix", load=args.load, requests=args.requests,
+                                     seed=seed, arrival="poisson", divisor=2)
+        reqs = build_trace(meta, cost, 2)
+        for r in reqs:
+            cost.assign_deadline(r, 3.0)
+        ncost = NodeCost(cost)
+        degrees = Node(2, ncost.links).degrees
+        floor = limits(reqs, cost, 2)["p95_floor_s"]
+        plain = min_node_misses_exact(reqs, ncost, 2, degrees).misses
+        fifo_p95 = predict("fifo", reqs, cost, 2, seed)["p95_s"]
+        bar = max(0.5 * fifo_p95, 1.2 * floor)
+        at_bar, at_12, at_floor = (_node_percentile(reqs, ncost, degrees, x, args.cells)
+                                   for x in (bar, 1.2 * floor, floor))
+        rows.append({"profile": name, "seed": seed, "requests": len(reqs), "p95_floor_s": floor,
+                     "fifo_p95_s": fifo_p95, "bar_s": bar, "plain": plain,
+                     "p95_at_bar_lower": at_bar, "p95_at_1_2_floor_lower": at_12,
+                     "p95_at_floor_lower": at_floor,
+                     "forbidden": at_bar is None or at_bar > 0.01 * len(reqs)})
+    print(f"two-device demo traces (seed-mix ÷ 2, {args.requests} requests, ρ {args.load}): "
+          "misses of any node schedule (pooled exact program) with no limit and with the P95 "
+          "at most the bar max(0.5 × fifo's, 1.2 × floor) / 1.2 × floor / the floor "
+          "(none: no schedule keeps that P95)")
+    print(f"{'profile':<10} {'seed':>4} {'floor s':>7} {'fifo P95':>8} {'bar s':>6} "
+          f"{'plain ≥':>7} {'bar: ≥':>6} {'1.2 floor: ≥':>12} {'floor: ≥':>8}")
+    for r in rows:
+        print(f"{r['profile']:<10} {r['seed']:>4} {r['p95_floor_s']:7.2f} "
+              f"{r['fifo_p95_s']:8.2f} {r['bar_s']:6.2f} {r['plain']:7d} "
+              f"{_cell(r['p95_at_bar_lower']):>6} {_cell(r['p95_at_1_2_floor_lower']):>12} "
+              f"{_cell(r['p95_at_floor_lower']):>8}{' forbidden' if r['forbidden'] else ''}")
+    strict = sum(r["p95_at_1_2_floor_lower"] is None or r["p95_at_1_2_floor_lower"] > 1.5
+                 for r in rows)
+    print(f"≥ 99 % with P95 ≤ the bar forbidden on {sum(r['forbidden'] for r in rows)} of "
+          f"{len(rows)} traces (with P95 ≤ 1.2 × floor: {strict})")
+    return {"part": "node-demo", "cells": args.cells, "rows": rows}
+
+
+def _node_percentile(reqs, ncost, degrees, value, cells) -> int | None:
+    """The node program's least misses with P95 ≤ ``value`` on 2 devices; None where no
+    schedule keeps that P95."""
+    from ditmem.scheduler.node.exact_bound import node_misses_percentile
+
+    try:
+        return node_misses_percentile(reqs, ncost, 2, degrees, q=95, value=value,
+                                      cells=cells).lower
+    except ValueError as e:
+        if "flow limits" not in str(e):
+            raise
+        return None
 
 
 def _cell(value) -> str:
@@ -239,7 +310,10 @@ def _split_budget(table: list[dict[int, int]], budget: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=("demo", "runs", "seed-mix"), default="demo")
+    ap.add_argument("--part", choices=("demo", "runs", "seed-mix", "node-demo"), default="demo")
+    ap.add_argument("--node-profiles", default="s18_main1,s18_main2,s17_main1,s15_main1",
+                    help="node-demo: saved two-device profiles "
+                         "(benchmarks/parallel/results/demo_devices2_<name>_profile.json)")
     ap.add_argument("--runs", default=",".join(
         f"benchmarks/serving/results/demo_s21_run{k}.json" for k in (1, 2, 3)),
         help="runs: comma list of real demo JSON files")
@@ -254,10 +328,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    demo = args.part == "demo"
+    demo = args.part in ("demo", "node-demo")
     args.seeds = args.seeds or (10 if demo else 5)
     args.requests = args.requests or (150 if demo else 2000)
-    parts = {"demo": demo_part, "runs": runs_part, "seed-mix": seed_mix_part}
+    parts = {"demo": demo_part, "runs": runs_part, "seed-mix": seed_mix_part,
+             "node-demo": node_demo_part}
     out = parts[args.part](args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
