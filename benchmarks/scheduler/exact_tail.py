@@ -59,8 +59,9 @@ from ditmem.scheduler.exact_bound import min_misses_exact, min_misses_percentile
 from ditmem.scheduler.metrics import percentile  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.scheduler.tail_bound import allowed_above  # noqa: E402
+from ditmem.tools.tail_verdict import PACKED_WORKS as SPLITS  # noqa: E402
+from ditmem.tools.tail_verdict import p99_verdict  # noqa: E402
 
-SPLITS = ("co-present", "co-present-proportional")
 #: exemption counts each seed-mix trace's packed bound is solved at
 GRID = (0, 10, 20, 30, 40, 60, 100)
 
@@ -213,23 +214,22 @@ def runs_part(args) -> dict:
         cost = CostModel(scale_profile(profile.profile, slo["at_run_speed"]["factors"]))
         reqs = as_run(reqs, cost)
         p99 = run["fifo"]["p99_s"]
-        lower = _percentile_or_none(reqs, cost, p99, args.cells, SPLITS)
+        verdict = p99_verdict(reqs, cost, p99, cells=args.cells)
         b1 = _percentile_or_none(reqs, None, p99, args.cells, ("standalone",))
         rows.append({"run": path, "fifo_p99_s": p99, "slo_p99_s": slo["p99_s"],
                      "slo_misses": round((1 - slo["slo_attainment"]) * len(reqs)),
                      "speed": slo["at_run_speed"]["factors"].get("steps"),
-                     "clairvoyant": clairvoyant_misses(reqs, cost),
+                     "clairvoyant": verdict["clairvoyant_misses"],
                      "batch1_p99_lower": None if b1 is None else b1.lower,
                      "batch1_p99_reached": None if b1 is None else b1.upper,
-                     "packed_p99_lower": None if lower is None else lower.lower,
-                     "requests": len(reqs)})
+                     "packed_p99_lower": verdict["p99_lower_misses"],
+                     "forbidden": verdict["forbidden"], "requests": len(reqs)})
     print("real runs: misses at slo's run speed, with P99 ≤ the real fifo's P99 "
           "(none: no schedule keeps that P99 at all)")
     print(f"{'run':<16} {'steps ×':>7} {'fifo P99':>8} {'slo':>4} {'clairv.':>7} "
           f"{'b1 P99 ≥':>8} {'reached':>7} {'packed P99 ≥':>12} verdict")
     for r in rows:
         low = r["packed_p99_lower"]
-        r["forbidden"] = low is None or low - r["clairvoyant"] > 0.01 * r["requests"]
         print(f"{Path(r['run']).stem:<16} {r['speed']:7.2f} {r['fifo_p99_s']:8.1f} "
               f"{r['slo_misses']:4d} {r['clairvoyant']:7d} {_cell(r['batch1_p99_lower']):>8} "
               f"{_cell(r['batch1_p99_reached']):>7} {_cell(low):>12} "

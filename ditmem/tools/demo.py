@@ -215,6 +215,23 @@ def trace_limits(trace, cost) -> dict:
             "clairvoyant_attainment": 1 - clairvoyant_misses(reqs, cost) / n}
 
 
+def tail_criterion(trace, cost, results: dict) -> dict | None:
+    """``tail_verdict.p99_verdict`` on ``trace`` at slo's run speed against fifo's measured
+    P99 (None when the run lacks either policy, or, said on stderr, without scipy)."""
+    from ditmem.scheduler import CostModel
+    from ditmem.tools.run_speed import as_run, scale_profile
+    from ditmem.tools.tail_verdict import p99_verdict
+
+    if "slo" not in results or "fifo" not in results:
+        return None
+    run_cost = CostModel(scale_profile(cost.profile, results["slo"]["at_run_speed"]["factors"]))
+    try:
+        return p99_verdict(as_run(trace, run_cost), run_cost, results["fifo"]["p99_s"])
+    except ImportError as e:
+        print(f"tail criterion not checked: {e}", file=sys.stderr)
+        return None
+
+
 def main(args) -> int:
     from ditmem import models
     from ditmem.engine.factory import EngineConfig, make_pools, scheduler_model
@@ -272,6 +289,7 @@ def main(args) -> int:
         "total_wall_s": time.perf_counter() - started,
     }
     meta.update(trace_limits(trace, CostModel.load(args.profile)))
+    meta["tail_criterion"] = tail_criterion(trace, CostModel.load(args.profile), results)
     rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
             for name, res in results.items()]
     print(comparison_table(results, meta))
@@ -288,6 +306,10 @@ def main(args) -> int:
           "device's times x the run's own per kind; JSON: at_run_speed):")
     for name, res in results.items():
         print("\n".join(describe(name, dict(meta, **res), res["at_run_speed"], res)))
+    if meta["tail_criterion"] is not None:
+        from ditmem.tools.tail_verdict import describe_verdict
+
+        print(describe_verdict(meta["tail_criterion"]))
     if args.plot:
         from ditmem.tools.plots import plot_comparison
 

@@ -36,4 +36,11 @@ def test_demo_runs_both_policies(tmp_path, mode, capsys):
         assert len({q["id"] for q in per}) == 8
         assert sum(q["met"] for q in per) / 8 == pytest.approx(r["slo_attainment"])
         assert all(q["arrival_s"] <= q["started_s"] <= q["finished_s"] for q in per)
-    assert "offline bound for this trace" in capsys.readouterr().out
+        tail = r["tail_criterion"]  # the exact bound at slo's run speed, vs fifo's P99
+        assert tail["fifo_p99_s"] == pytest.approx(next(
+            q["p99_s"] for q in rows if q["policy"] == "fifo"))
+        lower = tail["p99_lower_misses"]
+        assert tail["forbidden"] == (lower is None
+                                     or lower - tail["clairvoyant_misses"] > 0.08)
+    out = capsys.readouterr().out
+    assert "offline bound for this trace" in out and "tail criterion" in out

@@ -1,0 +1,53 @@
+"""Whether the one-device demo's tail criterion was possible at all on the trace it ran:
+"within 1 point of the clairvoyant reference and P99 ≤ fifo's" (issue 13), settled by the
+exact bound for every schedule (``scheduler.exact_bound``, packed steps included)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ditmem.scheduler import CostModel, Request
+
+log = logging.getLogger(__name__)
+
+#: the two co-present charges; each bounds every schedule, the larger miss count binds
+PACKED_WORKS = ("co-present", "co-present-proportional")
+
+
+def p99_verdict(trace: Sequence[Request], cost: CostModel, fifo_p99_s: float, *,
+                cells: int = 8) -> dict:
+    """On ``trace`` (arrivals, deadlines; ``standalone_s`` at ``cost``'s times): the
+    clairvoyant reference's misses, the fewest misses any schedule can have with its P99
+    ≤ ``fifo_p99_s`` (``p99_lower_misses``; None where no schedule keeps that P99 at all),
+    and ``forbidden``: that bound exceeds the clairvoyant's misses by more than 1 % of the
+    requests, so no schedule meets the criterion. ImportError (naming the ``bounds``
+    extra) without scipy."""
+    from ditmem.scheduler.bound import clairvoyant_misses
+    from ditmem.scheduler.exact_bound import min_misses_percentile
+
+    if not fifo_p99_s > 0:
+        raise ValueError(f"fifo_p99_s must be > 0 s, got {fifo_p99_s!r}")
+    reqs = list(trace)
+    clairvoyant = clairvoyant_misses(reqs, cost)
+    try:
+        lower = max(min_misses_percentile(reqs, cost, q=99, value=fifo_p99_s, work=w,
+                                          cells=cells).lower for w in PACKED_WORKS)
+    except ValueError as e:
+        if "flow limits" not in str(e):
+            raise
+        lower = None
+    forbidden = lower is None or lower - clairvoyant > 0.01 * len(reqs)
+    return {"fifo_p99_s": fifo_p99_s, "clairvoyant_misses": clairvoyant,
+            "p99_lower_misses": lower, "forbidden": forbidden, "requests": len(reqs)}
+
+
+def describe_verdict(v: dict) -> str:
+    """One line for the demo's report."""
+    lower = ("no schedule keeps that P99 at all" if v["p99_lower_misses"] is None
+             else f"every schedule misses >= {v['p99_lower_misses']}")
+    verdict = ("FORBIDDEN on this trace (no schedule meets it)" if v["forbidden"]
+               else "not forbidden (the bound leaves room)")
+    return (f"tail criterion 'within 1 pt of the clairvoyant and P99 <= fifo's "
+            f"{v['fifo_p99_s']:.2f} s' at slo's run speed: {lower}, clairvoyant "
+            f"{v['clairvoyant_misses']} of {v['requests']}: {verdict}")
