@@ -451,11 +451,16 @@ def node_degrees(cost, devices: int) -> tuple[int, ...]:
     return tuple(Node(devices, NodeCost(cost).links).degrees)
 
 
+def bars(rows: dict, lim: dict) -> tuple[float, float]:
+    """The main job's attainment bar (fraction) and P95 bar (s)."""
+    return (min(0.99, lim["bound_attainment"] - 0.005),
+            max(0.5 * rows["fifo"]["p95_s"], 1.2 * lim["p95_floor_s"]))
+
+
 def targets(rows: dict, lim: dict) -> list[tuple[str, bool, str]]:
     """The main job's targets, checked on the measured rows."""
     slo, fifo = rows["slo"], rows["fifo"]
-    att_bar = min(0.99, lim["bound_attainment"] - 0.005)
-    p95_bar = max(0.5 * fifo["p95_s"], 1.2 * lim["p95_floor_s"])
+    att_bar, p95_bar = bars(rows, lim)
     return [
         ("slo attainment >= 99 % (or bound - 0.5 pt)", slo["slo_attainment"] >= att_bar,
          f"{100 * slo['slo_attainment']:.1f} % vs bar {100 * att_bar:.1f} %"),
@@ -466,6 +471,19 @@ def targets(rows: dict, lim: dict) -> list[tuple[str, bool, str]]:
     ]
 
 
+def p95_verdict(trace, cost, devices: int, rows: dict, lim: dict) -> dict | None:
+    """``tail_verdict.p95_node_verdict`` at the run's own bars (None, said on stderr,
+    without scipy)."""
+    from ditmem.tools.tail_verdict import p95_node_verdict
+
+    att_bar, p95_bar = bars(rows, lim)
+    try:
+        return p95_node_verdict(trace, cost, devices, p95_bar, att_bar)
+    except ImportError as e:
+        print(f"P95 target not checked: {e}", file=sys.stderr)
+        return None
+
+
 def main(args) -> int:
     import os
 
@@ -474,6 +492,7 @@ def main(args) -> int:
     from ditmem.scheduler import CostModel
     from ditmem.tools.profile_check import report, work_ratio
     from ditmem.tools.run_speed import describe, node_references, speed_factors
+    from ditmem.tools.tail_verdict import describe_node_verdict
 
     if args.devices > (os.cpu_count() or 1):
         print(f"ditmem demo: --devices {args.devices} exceeds the {os.cpu_count()} cores",
@@ -578,6 +597,9 @@ def main(args) -> int:
           f"{100 * lim['clairvoyant_attainment']:.1f} %  (all on the start-up profile's times)")
     for what, ok, detail in targets(rows, lim):
         print(f"  [{'met' if ok else 'MISSED'}] {what}: {detail}")
+    verdict = p95_verdict(trace, cost, args.devices, rows, lim)
+    if verdict is not None:
+        print(describe_node_verdict(verdict))
     print("the references at the speed each run measured (same arrivals and deadlines; the "
           "workers' times x the run's own per kind; JSON: at_run_speed):")
     for name, r in rows.items():
@@ -600,7 +622,7 @@ def main(args) -> int:
                 "workload": args.workload, "load": args.load, "requests": len(trace),
                 "seed": args.seed, "divisor": args.divisor, "exact_load": True,
                 "total_wall_s": total,
-                "load_average": load_avg, **lim}
+                "load_average": load_avg, "p95_criterion": verdict, **lim}
         with open(args.json, "w") as f:
             json.dump([dict(meta, **r) for r in rows.values()], f, indent=2)
         print(f"json: {args.json}")

@@ -41,3 +41,21 @@ def test_a_loose_fifo_p99_leaves_room_and_an_impossible_one_is_said_so():
     assert "no schedule keeps that P99" in describe_verdict(v)
     with pytest.raises(ValueError, match="fifo_p99_s"):
         p99_verdict(_trace(cost), cost, 0.0)
+
+
+def test_the_node_p95_target_on_two_large_requests():
+    from node_factories import node_cost
+
+    from ditmem.tools.tail_verdict import describe_node_verdict, p95_node_verdict
+
+    # two 1024² (4 steps of 4 s, 2 s at degree 2) at 0 on a pair, due at 16 s: 32 device-s.
+    # P95 of 2 flows (rank 0.95) ≤ 12 s needs both by ~12.2 s: 24.4 device-s of room, none
+    # keeps it; ≤ 17 s: both on time.
+    cost = node_cost().cost
+    trace = [req(i, 0.0, size=1024, steps=4, slo_ms=16_000, cost=cost) for i in "ab"]
+    tight = p95_node_verdict(trace, cost, 2, 12.0, 0.99)
+    assert tight["p95_lower_misses"] is None and tight["forbidden"]
+    assert "no schedule keeps that P95" in describe_node_verdict(tight)
+    loose = p95_node_verdict(trace, cost, 2, 17.0, 0.99)
+    assert loose["p95_lower_misses"] == 0 and not loose["forbidden"]
+    assert "not forbidden" in describe_node_verdict(loose)
