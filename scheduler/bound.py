@@ -309,13 +309,13 @@ def _clairvoyant_plan(
         key=lambda j: (j[0], j[1]),
     )
     removed: set[int] = set()
-    while (miss := _edf_first_miss([j for j in jobs if j[3] not in removed])) is not None:
+    while (miss := edf_first_miss([j for j in jobs if j[3] not in removed])) is not None:
         busy_start, due = miss
         pool = [j for j in jobs if j[3] not in removed and j[0] >= busy_start and j[1] <= due]
         removed.add(max(pool, key=lambda j: (j[2], j[0]))[3])
     for j in sorted((j for j in jobs if j[3] in removed), key=lambda j: j[2]):
         removed.discard(j[3])
-        if _edf_first_miss([k for k in jobs if k[3] not in removed]) is not None:
+        if edf_first_miss([k for k in jobs if k[3] not in removed]) is not None:
             removed.add(j[3])
     return jobs, removed
 
@@ -324,8 +324,10 @@ def _standalone(request: Request) -> float:
     return request.standalone_s
 
 
-def _edf_first_miss(jobs: list[tuple[float, float, float, int]]) -> tuple[float, float] | None:
-    """Run preemptive EDF; return (start of the busy period, deadline) of the first miss."""
+def edf_first_miss(jobs: list[tuple[float, float, float, int]]) -> tuple[float, float] | None:
+    """Run preemptive EDF on one device over ``jobs`` — (arrival s, deadline s, work s, id),
+    sorted by arrival; return (start of the busy period, deadline) of the first miss, None
+    when every deadline is met."""
     import heapq
 
     heap: list[tuple[float, float, int]] = []

@@ -42,7 +42,6 @@ optimum is a lower bound on the misses of every schedule, packed or not (no long
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -268,27 +267,12 @@ def horn_violations(arrival: np.ndarray, work: np.ndarray, due: np.ndarray,
     at its first miss, return up to ``most`` intervals (r, t) — r a release time, t the
     missed deadline — whose work (arrivals ≥ r, deadlines ≤ t) exceeds t − r, most
     overloaded first; [] when EDF meets every deadline."""
+    from .bound import edf_first_miss
+
     order = np.argsort(arrival, kind="stable")
-    heap: list[tuple[float, int]] = []
-    rem = work.astype(float).copy()
-    now, k, n = 0.0, 0, len(order)
-    while k < n or heap:
-        if not heap:
-            now = max(now, float(arrival[order[k]]))
-        while k < n and arrival[order[k]] <= now:
-            j = int(order[k])
-            heapq.heappush(heap, (float(due[j]), j))
-            k += 1
-        d, j = heap[0]
-        nxt = float(arrival[order[k]]) if k < n else INF
-        run = min(rem[j], nxt - now)
-        now += run
-        rem[j] -= run
-        if rem[j] <= 1e-12:
-            heapq.heappop(heap)
-            if now > d + 1e-9:
-                return _violated(arrival, work, due, d, most)
-    return []
+    miss = edf_first_miss([(float(arrival[j]), float(due[j]), float(work[j]), int(j))
+                            for j in order])
+    return [] if miss is None else _violated(arrival, work, due, miss[1], most)
 
 
 def _violated(arrival, work, due, t, most):

@@ -6,12 +6,9 @@ node)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ditmem.scheduler import CostModel, Request
-
-log = logging.getLogger(__name__)
 
 #: the two co-present charges; each bounds every schedule, the larger miss count binds
 PACKED_WORKS = ("co-present", "co-present-proportional")
@@ -32,16 +29,22 @@ def p99_verdict(trace: Sequence[Request], cost: CostModel, fifo_p99_s: float, *,
         raise ValueError(f"fifo_p99_s must be > 0 s, got {fifo_p99_s!r}")
     reqs = list(trace)
     clairvoyant = clairvoyant_misses(reqs, cost)
-    try:
-        lower = max(min_misses_percentile(reqs, cost, q=99, value=fifo_p99_s, work=w,
-                                          cells=cells).lower for w in PACKED_WORKS)
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
-        lower = None
+    lower = _lower_or_none(lambda: max(
+        min_misses_percentile(reqs, cost, q=99, value=fifo_p99_s, work=w, cells=cells).lower
+        for w in PACKED_WORKS))
     forbidden = lower is None or lower - clairvoyant > 0.01 * len(reqs)
     return {"fifo_p99_s": fifo_p99_s, "clairvoyant_misses": clairvoyant,
             "p99_lower_misses": lower, "forbidden": forbidden, "requests": len(reqs)}
+
+
+def _lower_or_none(solve: Callable[[], int]) -> int | None:
+    """``solve()``'s least misses, or None where no schedule keeps its limits."""
+    try:
+        return solve()
+    except ValueError as e:
+        if "flow limits" not in str(e):
+            raise
+        return None
 
 
 def describe_verdict(v: dict) -> str:
@@ -70,13 +73,8 @@ def p95_node_verdict(trace: Sequence[Request], cost: CostModel, devices: int,
     reqs = list(trace)
     ncost = NodeCost(cost)
     degrees = Node(devices, ncost.links).degrees
-    try:
-        lower = node_misses_percentile(reqs, ncost, devices, degrees, q=95, value=p95_bar_s,
-                                       cells=cells).lower
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
-        lower = None
+    lower = _lower_or_none(lambda: node_misses_percentile(
+        reqs, ncost, devices, degrees, q=95, value=p95_bar_s, cells=cells).lower)
     allowed = len(reqs) * (1.0 - attainment) + 1e-9
     return {"p95_bar_s": p95_bar_s, "attainment_bar": attainment, "p95_lower_misses": lower,
             "forbidden": lower is None or lower > allowed, "requests": len(reqs)}

@@ -98,6 +98,21 @@ def req(
     return r
 
 
+def poisson_trace(rng, n: int, mean_gap: float, cost: CostModel, *, prefix: str,
+                  max_steps: int = 6, priorities: bool = True) -> list[Request]:
+    """``n`` requests, Poisson arrivals ``mean_gap`` s apart on average: 512² twice as often
+    as 1024², 1 … ``max_steps`` steps, priority 0–2 (``priorities``; else 1), SLO 1.5 or 3
+    × standalone; ids ``{prefix}-{i}``."""
+    trace, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / mean_gap)
+        size, steps = rng.choice((512, 512, 1024)), rng.randint(1, max_steps)
+        priority = rng.choice((0, 1, 2)) if priorities else 1
+        trace.append(req(f"{prefix}-{i}", t, size=size, steps=steps, priority=priority,
+                         scale=rng.choice((1.5, 3.0)), cost=cost))
+    return trace
+
+
 class FakeClock:
     """A manual clock for driving a policy by hand."""
 

@@ -13,7 +13,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_factories import best_misses_joint, edf_feasible, req, table_cost
+from sched_factories import best_misses_joint, edf_feasible, poisson_trace, req, table_cost
 
 from ditmem.scheduler import make_policy
 from ditmem.scheduler.bound import min_misses
@@ -81,12 +81,7 @@ def test_no_policy_that_keeps_fifos_max_beats_the_bound():
     cost = table_cost(encode_s=0.05, decode_s_per_mp=0.2)
     rng = random.Random(11)
     for trial in range(6):
-        trace, t = [], 0.0
-        for i in range(60):
-            t += rng.expovariate(1 / 1.7)
-            trace.append(req(f"t{trial}-{i}", t, size=rng.choice((512, 512, 1024)),
-                             steps=rng.randint(1, 6), priority=rng.choice((0, 1, 2)),
-                             scale=rng.choice((1.5, 3.0)), cost=cost))
+        trace = poisson_trace(rng, 60, 1.7, cost, prefix=f"t{trial}")
         fifo = simulate(trace, make_policy("fifo", cost))
         worst = max(r.finished - r.request.arrival for r in fifo.records)
         bound = min_misses_within(trace, cost, worst)
@@ -209,12 +204,7 @@ def test_the_joint_bound_is_never_beaten_by_a_policy_that_keeps_the_limits():
     rng = random.Random(5)
     checked = 0
     for trial in range(5):
-        trace, t = [], 0.0
-        for i in range(60):
-            t += rng.expovariate(1 / 1.6)
-            trace.append(req(f"t{trial}-{i}", t, size=rng.choice((512, 512, 1024)),
-                             steps=rng.randint(1, 6), priority=rng.choice((0, 1, 2)),
-                             scale=rng.choice((1.5, 3.0)), cost=cost))
+        trace = poisson_trace(rng, 60, 1.6, cost, prefix=f"t{trial}")
         fifo = simulate(trace, make_policy("fifo", cost))
         flows = [r.finished - r.request.arrival for r in fifo.records]
         worst, p90 = max(flows), percentile(flows, 90.0)

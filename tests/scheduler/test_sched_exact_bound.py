@@ -10,7 +10,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_factories import best_misses_joint, edf_feasible, req, table_cost
+from sched_factories import best_misses_joint, edf_feasible, poisson_trace, req, table_cost
 
 pytest.importorskip("scipy", reason="the exact bound solves a MILP with scipy (bounds extra)")
 
@@ -97,12 +97,7 @@ def test_the_packed_bound_is_never_beaten_by_a_policy_that_packs():
     cost = table_cost(encode_s=0.05, decode_s_per_mp=0.2, batch_points=points)
     rng = random.Random(3)
     for trial in range(5):
-        trace, t = [], 0.0
-        for i in range(40):
-            t += rng.expovariate(1 / 1.2)
-            trace.append(req(f"t{trial}-{i}", t, size=rng.choice((512, 512, 1024)),
-                             steps=rng.randint(1, 6), priority=rng.choice((0, 1, 2)),
-                             scale=rng.choice((1.5, 3.0)), cost=cost))
+        trace = poisson_trace(rng, 40, 1.2, cost, prefix=f"t{trial}")
         bound = min_misses_exact(trace, cost, work="co-present-proportional").misses
         assert bound <= min_misses_exact(trace).misses  # packing can only help
         fifo = simulate(trace, make_policy("fifo", cost))
@@ -187,11 +182,8 @@ def test_the_percentile_bound_holds_for_simulated_schedules():
     cost = table_cost(encode_s=0.05, decode_s_per_mp=0.2)
     rng = random.Random(5)
     for trial in range(4):
-        trace, t = [], 0.0
-        for i in range(20):
-            t += rng.expovariate(1 / 1.3)
-            trace.append(req(f"p{trial}-{i}", t, size=rng.choice((512, 512, 1024)),
-                             steps=rng.randint(1, 5), scale=rng.choice((1.5, 3.0)), cost=cost))
+        trace = poisson_trace(rng, 20, 1.3, cost, prefix=f"p{trial}", max_steps=5,
+                              priorities=False)
         for name in ("fifo", "srtf", "slo"):
             res = simulate(trace, make_policy(name, cost))
             flows = [r.finished - r.request.arrival for r in res.records]
