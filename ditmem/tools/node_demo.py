@@ -421,7 +421,7 @@ def limits(trace, cost, devices: int) -> dict:
     from ditmem.scheduler.node.bound import (
         clairvoyant_node_misses,
         latency_bound,
-        least_decode_latency,
+        least_decode,
         min_node_misses,
     )
     from ditmem.scheduler.node.cost import NodeCost
@@ -435,7 +435,7 @@ def limits(trace, cost, devices: int) -> dict:
     top = max(topo.degrees)
     # alone at the highest degree, its decode split over the group as slo runs it
     alone = sorted(ncost.standalone(r, top) - ncost.decode_time(r)
-                   + least_decode_latency(r, ncost, top) for r in reqs)
+                   + least_decode(r, ncost, top)[0] for r in reqs)
     floor = alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
     proven = {f"p{q}_bound_s": latency_bound([reqs], ncost, devices, topo.degrees, q)
               for q in (95, 99)}

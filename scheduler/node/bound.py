@@ -22,10 +22,10 @@ noise-free).
 **Latency floor and latency bound (P95).** A request's latency is at least its encode (one
 device), its decode at its fastest (a decode split over k ≤ max(degrees) devices ends no
 sooner than its slowest device's tiles, nor than its lane's tiles plus the blend:
-``least_decode_latency``), serial with its steps, and the sum of its step durations. (Until
+``least_decode``), serial with its steps, and the sum of its step durations. (Until
 session 23 the whole single-device decode was charged here, which `slo`'s split decodes
 beat: a 1024² alone on two devices in 3.89 s against a "floor" of 5.40 s.) Its
-device-seconds count every decode tile and the blend (``least_decode_work``).
+device-seconds count every decode tile and the blend (``least_decode``).
 A step of a packed batch lasts at least the request's own share of it (the shares add up to
 the step), and its share at degree d is at least ``profile_step_share`` (the single-device
 bound's least share, with any partners of the trace) ÷ the largest speed-up any batch
@@ -114,7 +114,7 @@ def fastest_alone(request: Request, ncost: NodeCost, degrees: Sequence[int]) -> 
         for d in degrees
     )
     return (cost.encode_time(request) + request.steps * step
-            + least_decode_latency(request, ncost, max(degrees)))
+            + least_decode(request, ncost, max(degrees))[0])
 
 
 def check_speedups(ncost: NodeCost, requests: Sequence[Request], degrees: Sequence[int]) -> None:
@@ -210,6 +210,7 @@ class StepFloors:
         self._cache: dict[tuple[str, int], tuple[float, ...]] = {}
         self._points: dict[tuple[str, int], list[tuple[float, float]] | None] = {}
         self._hulls: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self._decodes: dict[tuple[str, int, int, int], tuple[float, float]] = {}
         self.ncost = ncost
 
     def durations(self, request: Request) -> tuple[float, ...]:
@@ -284,35 +285,34 @@ class StepFloors:
     def stage_latency(self, request: Request) -> float:
         """Least seconds of its encode + decode (serial with the steps): the encode on one
         device, the decode at its fastest over 1 … max(degrees) devices
-        (``least_decode_latency``: a split decode's tiles run side by side)."""
-        return self.ncost.cost.encode_time(request) + least_decode_latency(
-            request, self.ncost, max(self.degrees))
+        (``least_decode``: a split decode's tiles run side by side)."""
+        return self.ncost.cost.encode_time(request) + self._decode(request)[0]
 
     def stage_work(self, request: Request) -> float:
         """Least device-seconds of its encode + decode: a split decode still runs every
         tile (its parts add up to the whole) and blends on its lane."""
-        return self.ncost.cost.encode_time(request) + least_decode_work(
-            request, self.ncost, max(self.degrees))
+        return self.ncost.cost.encode_time(request) + self._decode(request)[1]
+
+    def _decode(self, request: Request) -> tuple[float, float]:
+        """``least_decode`` of ``request``, cached per decode shape."""
+        key = (request.model, request.width, request.height, request.frames)
+        out = self._decodes.get(key)
+        if out is None:
+            out = self._decodes[key] = least_decode(request, self.ncost, max(self.degrees))
+        return out
 
 
-def least_decode_latency(request: Request, ncost: NodeCost, most: int) -> float:
-    """Least seconds of ``request``'s decode over k = 1 … ``most`` devices: a split decode
-    (``NodeCost.decode_parts``) ends no sooner than its slowest device's tiles, nor than
-    its lane's tiles plus the blend."""
-    best = INF
+def least_decode(request: Request, ncost: NodeCost, most: int) -> tuple[float, float]:
+    """(least seconds, least device-seconds) of ``request``'s decode over k = 1 … ``most``
+    devices: a split decode (``NodeCost.decode_parts``) ends no sooner than its slowest
+    device's tiles, nor than its lane's tiles plus the blend, and it runs every tile and
+    the blend."""
+    latency = work = INF
     for k in range(1, most + 1):
         parts, blend = ncost.decode_parts(request, k)
-        best = min(best, max(max(parts), parts[0] + blend))
-    return best
-
-
-def least_decode_work(request: Request, ncost: NodeCost, most: int) -> float:
-    """Least device-seconds of ``request``'s decode over k = 1 … ``most`` devices."""
-    best = INF
-    for k in range(1, most + 1):
-        parts, blend = ncost.decode_parts(request, k)
-        best = min(best, sum(parts) + blend)
-    return best
+        latency = min(latency, max(max(parts), parts[0] + blend))
+        work = min(work, sum(parts) + blend)
+    return latency, work
 
 
 def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
