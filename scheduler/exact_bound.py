@@ -56,6 +56,11 @@ INF = math.inf
 EXACT_WORK_KINDS = ("standalone", "co-present", "co-present-proportional")
 
 
+class Infeasible(ValueError):
+    """No schedule keeps the flow limits asked for (a ``ValueError``: the limits are the
+    caller's input)."""
+
+
 @dataclass(slots=True)
 class ExactBound:
     """``min_misses_exact``'s answer: ``misses``, a lower bound on the misses of every
@@ -147,7 +152,7 @@ def min_misses_with(
         return ExactBound(0, True, 0, 0)
     options = _options(requests, work_of, bounds, most)
     if len({o.job for o in options}) < len(requests):  # someone cannot finish within any
-        raise ValueError("no schedule keeps the flow limits")
+        raise Infeasible("no schedule keeps the flow limits")
     return _solve(np.array([r.arrival for r in requests], float), options, len(requests),
                   counts, time_limit_s)
 
@@ -244,7 +249,7 @@ def _solve(arrival: np.ndarray, options: list[_Option], n: int, counts: list[int
         if res.x is None:
             if res.status == 1:  # time limit without a solution: no bound from it
                 raise RuntimeError(f"min_misses_exact: no solution within {time_limit_s} s")
-            raise ValueError("no schedule keeps the flow limits")
+            raise Infeasible("no schedule keeps the flow limits")
         if res.status != 0:
             bound = getattr(res, "mip_dual_bound", None)
             misses = math.ceil(bound - 1e-6) if bound is not None else 0
@@ -342,7 +347,7 @@ def percentile_search(
     reaches: bool = False,
 ) -> PercentileBound:
     """``min_misses_percentile``'s cells for any exact solver: ``solve(limits)`` is the
-    fewest misses of the ``n`` requests under ``limits`` (ValueError "flow limits" where
+    fewest misses of the ``n`` requests under ``limits`` (``Infeasible`` where
     none keeps them); ``reaches``: its optimum is a schedule (then ``upper`` is set)."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be in [0, 100], got {q!r}")
@@ -360,15 +365,13 @@ def percentile_search(
     def attempt(limits) -> ExactBound | None:
         try:
             return solve(limits)
-        except ValueError as e:
-            if "flow limits" not in str(e):
-                raise
+        except Infeasible:
             return None
 
     if f == 0 or above_x == 0:
         got = attempt([(value, above_x)])
         if got is None:
-            raise ValueError("no schedule keeps the flow limits")
+            raise Infeasible("no schedule keeps the flow limits")
         return PercentileBound(got.misses, got.misses if reaches else None, got.optimal)
 
     def y_of(x: float) -> float:
@@ -385,7 +388,7 @@ def percentile_search(
             lowers.append(got.misses)
             optimal &= got.optimal
     if not lowers:
-        raise ValueError("no schedule keeps the flow limits")
+        raise Infeasible("no schedule keeps the flow limits")
     upper = None
     if reaches:
         reached = [g.misses for a in edges if a > 0

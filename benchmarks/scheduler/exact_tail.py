@@ -64,12 +64,16 @@ from demo_prediction import demo_trace  # noqa: E402
 
 from ditmem.scheduler import CostModel, make_policy  # noqa: E402
 from ditmem.scheduler.bound import clairvoyant_misses, min_misses_packed  # noqa: E402
-from ditmem.scheduler.exact_bound import min_misses_exact, min_misses_percentile  # noqa: E402
+from ditmem.scheduler.exact_bound import (  # noqa: E402
+    Infeasible,
+    min_misses_exact,
+    min_misses_percentile,
+)
 from ditmem.scheduler.metrics import percentile  # noqa: E402
 from ditmem.scheduler.simulator import simulate  # noqa: E402
 from ditmem.scheduler.tail_bound import allowed_above  # noqa: E402
 from ditmem.tools.tail_verdict import PACKED_WORKS as SPLITS  # noqa: E402
-from ditmem.tools.tail_verdict import p99_verdict  # noqa: E402
+from ditmem.tools.tail_verdict import p95_node_verdict, p99_verdict  # noqa: E402
 
 #: exemption counts each seed-mix trace's packed bound is solved at
 GRID = (0, 10, 20, 30, 40, 60, 100)
@@ -80,9 +84,7 @@ def packed(reqs, cost, **kw) -> float:
     schedule keeps the flow limits."""
     try:
         return max(min_misses_exact(reqs, cost, work=w, **kw).misses for w in SPLITS)
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
+    except Infeasible:
         return math.inf
 
 
@@ -159,8 +161,9 @@ def node_demo_part(args) -> dict:
         plain = min_node_misses_exact(reqs, ncost, 2, degrees).misses
         fifo_p95 = predict("fifo", reqs, cost, 2, seed)["p95_s"]
         bar = max(0.5 * fifo_p95, 1.2 * floor)
-        at_bar, at_12, at_floor = (_node_percentile(reqs, ncost, degrees, x, args.cells)
-                                   for x in (bar, 1.2 * floor, floor))
+        at_bar, at_12, at_floor = (
+            p95_node_verdict(reqs, cost, 2, x, 0.99, cells=args.cells)["p95_lower_misses"]
+            for x in (bar, 1.2 * floor, floor))
         rows.append({"profile": name, "seed": seed, "requests": len(reqs), "p95_floor_s": floor,
                      "fifo_p95_s": fifo_p95, "bar_s": bar, "plain": plain,
                      "p95_at_bar_lower": at_bar, "p95_at_1_2_floor_lower": at_12,
@@ -182,20 +185,6 @@ def node_demo_part(args) -> dict:
     print(f"≥ 99 % with P95 ≤ the bar forbidden on {sum(r['forbidden'] for r in rows)} of "
           f"{len(rows)} traces (with P95 ≤ 1.2 × floor: {strict})")
     return {"part": "node-demo", "cells": args.cells, "rows": rows}
-
-
-def _node_percentile(reqs, ncost, degrees, value, cells) -> int | None:
-    """The node program's least misses with P95 ≤ ``value`` on 2 devices; None where no
-    schedule keeps that P95."""
-    from ditmem.scheduler.node.exact_bound import node_misses_percentile
-
-    try:
-        return node_misses_percentile(reqs, ncost, 2, degrees, q=95, value=value,
-                                      cells=cells).lower
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
-        return None
 
 
 def _cell(value) -> str:
@@ -253,9 +242,7 @@ def _percentile_or_none(reqs, cost, p99, cells, works):
     try:
         got = [min_misses_percentile(reqs, cost, q=99, value=p99, work=w, cells=cells)
                for w in works]
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
+    except Infeasible:
         return None
     return max(got, key=lambda b: b.lower)
 

@@ -39,11 +39,11 @@ def p99_verdict(trace: Sequence[Request], cost: CostModel, fifo_p99_s: float, *,
 
 def _lower_or_none(solve: Callable[[], int]) -> int | None:
     """``solve()``'s least misses, or None where no schedule keeps its limits."""
+    from ditmem.scheduler.exact_bound import Infeasible
+
     try:
         return solve()
-    except ValueError as e:
-        if "flow limits" not in str(e):
-            raise
+    except Infeasible:
         return None
 
 

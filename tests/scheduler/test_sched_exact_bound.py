@@ -17,6 +17,7 @@ pytest.importorskip("scipy", reason="the exact bound solves a MILP with scipy (b
 from ditmem.scheduler import make_policy  # noqa: E402
 from ditmem.scheduler.bound import clairvoyant_misses  # noqa: E402
 from ditmem.scheduler.exact_bound import (  # noqa: E402
+    Infeasible,
     horn_violations,
     min_misses_exact,
     min_misses_percentile,
@@ -75,7 +76,7 @@ def test_a_tail_limit_costs_one_miss_by_hand():
     assert min_misses_exact([a, b, c], limits=[(5.0, 1)]).misses == 0
     # one exemption up to 5.5 s only: A must end by 5.5, so B, C, A need 6 s by 5.5
     assert min_misses_exact([a, b, c], limits=[(5.0, 1), (5.5, 0)]).misses == 1
-    with pytest.raises(ValueError, match="flow limits"):  # B and A by 4.5: 5 s of work
+    with pytest.raises(Infeasible, match="flow limits"):  # B and A by 4.5: 5 s of work
         min_misses_exact([a, b], limits=[(4.5, 0)])
 
 
