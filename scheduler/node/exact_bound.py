@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from ..exact_bound import ExactBound, PercentileBound, min_misses_with, percentile_search
 from ..request import Request
-from .bound import INF, StepFloors, least_device_seconds
+from .bound import StepFloors, least_device_seconds
 from .cost import NodeCost
 
 
@@ -34,21 +34,10 @@ def min_node_misses_exact(
 ) -> ExactBound:
     """A lower bound on the misses of every schedule of ``requests`` (deadlines set) on
     ``devices`` devices running ``degrees``, with at most e flows above T s for each
-    (T, e) of ``limits`` (module docstring). ValueError when no schedule keeps them."""
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices!r}")
-    if not degrees or max(degrees) > devices:
-        raise ValueError(f"degrees must be non-empty and <= devices, got {tuple(degrees)!r}")
-    floors = StepFloors(requests, ncost, degrees)
-    cache: dict[tuple[int, float], float] = {}
-
-    def work_of(j: int, tier: int, late: bool, cap: float) -> float:
-        key = (j, cap)
-        if key not in cache:
-            cache[key] = least_device_seconds(requests[j], floors, cap) / devices
-        return cache[key]
-
-    return min_misses_with(requests, work_of, limits=limits, time_limit_s=time_limit_s)
+    (T, e) of ``limits`` (module docstring). ``exact_bound.Infeasible`` when no schedule
+    keeps them."""
+    floors = _floors(requests, ncost, devices, degrees)
+    return _solve(requests, floors, devices, limits, time_limit_s)
 
 
 def node_misses_percentile(
@@ -66,12 +55,28 @@ def node_misses_percentile(
     """A lower bound (``lower``) on the misses of every node schedule whose ``q``-th
     latency percentile is ≤ ``value`` s and which keeps ``limits`` too
     (``exact_bound.percentile_search``'s cells over ``min_node_misses_exact``)."""
+    floors = _floors(requests, ncost, devices, degrees)
 
     def solve(cell_limits) -> ExactBound:
-        return min_node_misses_exact(requests, ncost, devices, degrees,
-                                     limits=[*cell_limits, *limits], time_limit_s=time_limit_s)
+        return _solve(requests, floors, devices, [*cell_limits, *limits], time_limit_s)
 
     return percentile_search(len(requests), q, value, solve, cells=cells)
 
 
-__all__ = ["INF", "min_node_misses_exact", "node_misses_percentile"]
+def _floors(requests, ncost: NodeCost, devices: int, degrees: Sequence[int]) -> StepFloors:
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices!r}")
+    if not degrees or max(degrees) > devices:
+        raise ValueError(f"degrees must be non-empty and <= devices, got {tuple(degrees)!r}")
+    return StepFloors(requests, ncost, degrees)
+
+
+def _solve(requests, floors: StepFloors, devices: int, limits, time_limit_s: float
+           ) -> ExactBound:
+    def work_of(j: int, tier: int, late: bool, cap: float) -> float:
+        return least_device_seconds(requests[j], floors, cap) / devices
+
+    return min_misses_with(requests, work_of, limits=limits, time_limit_s=time_limit_s)
+
+
+__all__ = ["min_node_misses_exact", "node_misses_percentile"]
