@@ -143,7 +143,7 @@ def node_demo_part(args) -> dict:
     from ditmem.scheduler.node.cost import NodeCost
     from ditmem.scheduler.node.exact_bound import min_node_misses_exact
     from ditmem.scheduler.node.topology import Node
-    from ditmem.tools.node_demo import build_trace, limits, predict
+    from ditmem.tools.node_demo import build_trace, p95_floor, predict
 
     rows = []
     names = args.node_profiles.split(",")
@@ -157,7 +157,7 @@ def node_demo_part(args) -> dict:
             cost.assign_deadline(r, 3.0)
         ncost = NodeCost(cost)
         degrees = Node(2, ncost.links).degrees
-        floor = limits(reqs, cost, 2)["p95_floor_s"]
+        floor = p95_floor(reqs, ncost, max(degrees))
         plain = min_node_misses_exact(reqs, ncost, 2, degrees).misses
         fifo_p95 = predict("fifo", reqs, cost, 2, seed)["p95_s"]
         bar = max(0.5 * fifo_p95, 1.2 * floor)

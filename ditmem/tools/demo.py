@@ -288,8 +288,9 @@ def main(args) -> int:
         "shapes": sorted({f"{r.width}x{r.height}" for r in trace}),
         "total_wall_s": time.perf_counter() - started,
     }
-    meta.update(trace_limits(trace, CostModel.load(args.profile)))
-    meta["tail_criterion"] = tail_criterion(trace, CostModel.load(args.profile), results)
+    start_cost = CostModel.load(args.profile)
+    meta.update(trace_limits(trace, start_cost))
+    meta["tail_criterion"] = tail_criterion(trace, start_cost, results)
     rows = [dict(meta, policy=name, **{k: v for k, v in res.items() if k != "latencies_s"})
             for name, res in results.items()]
     print(comparison_table(results, meta))

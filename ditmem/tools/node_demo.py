@@ -421,7 +421,6 @@ def limits(trace, cost, devices: int) -> dict:
     from ditmem.scheduler.node.bound import (
         clairvoyant_node_misses,
         latency_bound,
-        least_decode,
         min_node_misses,
     )
     from ditmem.scheduler.node.cost import NodeCost
@@ -432,15 +431,21 @@ def limits(trace, cost, devices: int) -> dict:
     reqs = [dataclasses.replace(r) for r in trace]
     bound = 1 - min_node_misses(reqs, ncost, devices, topo.degrees) / len(reqs)
     clairvoyant = 1 - clairvoyant_node_misses(reqs, ncost, devices) / len(reqs)
-    top = max(topo.degrees)
-    # alone at the highest degree, its decode split over the group as slo runs it
-    alone = sorted(ncost.standalone(r, top) - ncost.decode_time(r)
-                   + least_decode(r, ncost, top)[0] for r in reqs)
-    floor = alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
     proven = {f"p{q}_bound_s": latency_bound([reqs], ncost, devices, topo.degrees, q)
               for q in (95, 99)}
     return {"bound_attainment": bound, "clairvoyant_attainment": clairvoyant,
-            "p95_floor_s": floor, **proven}
+            "p95_floor_s": p95_floor(reqs, ncost, max(topo.degrees)), **proven}
+
+
+def p95_floor(trace, ncost, top: int) -> float:
+    """The P95 floor of the issue's bar: the 95th percentile (nearest rank) of each
+    request's time alone at degree ``top``, its decode split over the group's devices as
+    `slo` runs a lone request's (s)."""
+    from ditmem.scheduler.node.bound import least_decode
+
+    alone = sorted(ncost.standalone(r, top) - ncost.decode_time(r)
+                   + least_decode(r, ncost, top)[0] for r in trace)
+    return alone[min(len(alone) - 1, math.ceil(0.95 * len(alone)) - 1)]
 
 
 def node_degrees(cost, devices: int) -> tuple[int, ...]:
