@@ -111,7 +111,6 @@ def min_misses_exact(
         raise ValueError(f"work must be one of {EXACT_WORK_KINDS}, got {work!r}")
     if any(r.deadline is None or r.standalone_s is None for r in requests):
         raise ValueError("every request needs its deadline and standalone_s (assign_deadline)")
-    bounds, counts, most = _tiers(limits)
     if work == "standalone":
         def work_of(j: int, tier: int, late: bool, cap: float) -> float:
             return requests[j].standalone_s
@@ -120,6 +119,7 @@ def min_misses_exact(
             raise ValueError(f"work={work!r} needs the cost model")
         from .tail_bound import co_present_works
 
+        bounds, counts, most = _tiers(limits)
         tail_flow, exempt = (bounds[0], counts[0]) if bounds else (most, 0)
         works = co_present_works(requests, cost, work, most, tail_flow, exempt)
 
