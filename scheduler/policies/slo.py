@@ -45,8 +45,14 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    at the 1024²'s step time and missed), and after the longer step (never predicted
    shorter than the step without the joiner, nor than the joiner's own step) every
    on-time request is still as feasible (deadline order, remaining work) as after a
-   step of the head alone; with ``join_margin0`` > 0 (an
-   option, 0 by default) an on-time priority-0 request must also keep slack of at least
+   step of the head alone, each keeping slack of at least ``join_sds`` (2) × the measured
+   relative spread of its step times × its remaining work (or what the head alone would
+   leave it, if less): a join spends slack at once, the device's timing error shows only
+   step by step, so a join that leaves less than that error is a miss the noise decides
+   (docs/results/scheduler.md, "Session 24": seed-mix +0.07 point, gamma CV 2 +0.70,
+   priority 0 +0.20 / +1.40, fewer misses beyond the clairvoyant's on the demo traces);
+   with ``join_margin0`` > 0
+   (an option, 0 by default) an on-time priority-0 request must also keep slack of at least
    that fraction of its remaining work (or what the head alone would leave it, if less),
    so a joiner does not take a priority-0 request's last seconds before the device's
    timing error shows (docs/results/scheduler.md, Session 8: +0.15 to +3.25 points p0 on
@@ -180,6 +186,9 @@ class SloPolicy(Policy):
       default 2; 0: any overrun; docs/results/scheduler.md, "Session 21": on the demo's
       traces 0.76 → 0.63 misses per trace beyond the clairvoyant's at 3 % step noise,
       0.67 → 0.43 at the 8 % the real machine's small steps show);
+    * ``join_sds`` — how many measured spreads of an on-time request's remaining work
+      (its remaining work × the relative spread of its step times) a join must leave it as
+      slack (step 3; default 2; 0: any slack down to zero, the rule before session 24);
     * ``forecast_shield0`` — no priority-0 give-up for an overrun that forecast
       lower-priority arrivals cover (step 1; off: p0 +0.10 to +0.45, overall −0.06 to −0.25);
     * ``join_margin0`` — the slack (fraction of its remaining work) a joiner must leave an
@@ -254,6 +263,7 @@ class SloPolicy(Policy):
         chunk_budget: float | None = None,
         chunk_wait_share: float = 0.25,
         give_up_sds: float = 2.0,
+        join_sds: float = 2.0,
     ):
         super().__init__(cost)
         self.lane = TailLane(tail, quantile=tail_quantile, factor=tail_factor, prior=tail_prior,
@@ -302,6 +312,9 @@ class SloPolicy(Policy):
         if not give_up_sds >= 0:
             raise ValueError(f"give_up_sds must be >= 0, got {give_up_sds!r}")
         self.give_up_sds = give_up_sds
+        if not join_sds >= 0:
+            raise ValueError(f"join_sds must be >= 0, got {join_sds!r}")
+        self.join_sds = join_sds
 
     # ---- per-request numbers -----------------------------------------------------------
     def _cand(self, item: RequestStatus | Request, req: Request, steps_done: int) -> Candidate:
@@ -714,6 +727,7 @@ class SloPolicy(Policy):
             after_batch = self._capacity(delta - step, now, c.req.priority, due=due) - work_b
             after_head = self._capacity(delta - head.tau, now, c.req.priority, due=due) - work_h
             keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
+            keep = max(keep, self.join_sds * self._spread(c) * rem)
             if after_batch < min(keep, after_head) - 1e-9:
                 return False
         return True

@@ -272,6 +272,42 @@ def test_slo_sets_nobody_aside_for_an_overrun_within_the_measured_timing_error_b
         make_policy("slo", cost, give_up_sds=-1)
 
 
+def test_a_joiner_leaves_every_request_its_timing_error_by_hand():
+    """Issue 13 (session 24): P (priority 1, 10 steps of 1 s, due 11.25 s: 1.25 s of slack)
+    and J (priority 2, due far) at 0; a pair steps in 1.5 s, so each join takes 0.5 s of
+    P's slack. ``join_sds=0`` (the rule before): J joins at 0 (P keeps 0.75 s) and at 1.5 s
+    (0.25 s), then P runs alone to 11.0 s; on a device 3 % slower than its profile those two
+    joins have spent the slack before the online correction sees the error, and P misses.
+    The default keeps ``join_sds`` (2) × the measured spread of P's steps (0.03 before any
+    is measured) × its remaining work: 0.6 s at 0, so the join at 0 is taken (0.75 s), the
+    one at 1.5 s refused (0.25 s against ~0.5 s), and P meets its deadline on the slow
+    device (one join in all). A join that would leave less than that is never taken:
+    ``join_sds`` 100 runs P alone."""
+    from ditmem.scheduler.experiment import _Recording
+
+    def run(bias, **kw):
+        cost = table_cost(batch_points=[{"tokens": 1024, "batch": 2, "seconds": 1.5}])
+        reqs = [req("P", 0.0, steps=10, priority=1, slo_ms=11_250, cost=cost),
+                req("J", 0.0, steps=10, priority=2, slo_ms=100_000, cost=cost)]
+        pol = _Recording(make_policy("slo", cost, forecast="off", **kw))
+        res = simulate(reqs, pol, page_bytes=PAGE, noise=TimingNoise(0.0, bias, 0))
+        pairs = [start for start, _, batch in pol.steps if len(batch) == 2]
+        p = next(r for r in res.records if r.request.id == "P")
+        return pairs, p.finished, p.met
+
+    pairs, end, met = run(0.0, join_sds=0.0)
+    assert pairs == pytest.approx([0.0, 1.5]) and end == pytest.approx(11.0) and met
+    assert run(0.03, join_sds=0.0)[2] is False
+    pairs, end, met = run(0.0)
+    assert pairs[0] == pytest.approx(0.0) and all(abs(t - 1.5) > 1e-6 for t in pairs)
+    assert end == pytest.approx(11.0) and met
+    pairs, end, met = run(0.03)
+    assert met and pairs == pytest.approx([0.0]) and end < 11.25
+    assert run(0.0, join_sds=100.0)[0] == []
+    with pytest.raises(ValueError, match="join_sds"):
+        make_policy("slo", table_cost(), join_sds=-1)
+
+
 def test_slo_runs_late_requests_oldest_first_by_hand():
     """Issue 13 (session 9): late requests run in spare time in arrival order, not in the
     order they were given up in (``late_rank``). A (4 steps of 1 s, due 10) arrives at 0;

@@ -128,7 +128,10 @@ def test_a_joiner_leaves_a_priority0_request_its_margin():
             req("P", 0.0, steps=10, priority=0, slo_ms=11_250, cost=cost),
             req("J", 0.0, steps=10, priority=2, slo_ms=100_000, cost=cost),
         ]
-        pol = _Recording(make_policy("slo", cost, forecast="off", join_margin0=margin))
+        # join_sds=0: the margin alone (the default also keeps every request's timing error,
+        # test_sched_policies.test_a_joiner_leaves_every_request_its_timing_error)
+        pol = _Recording(make_policy("slo", cost, forecast="off", join_margin0=margin,
+                                     join_sds=0.0))
         res = simulate(reqs, pol, page_bytes=PAGE, noise=TimingNoise(sigma=0.0, bias=bias))
         pairs = [start for start, _, batch in pol.steps if len(batch) == 2]
         p = next(r for r in res.records if r.request.id == "P")
