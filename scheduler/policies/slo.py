@@ -51,13 +51,12 @@ Each iteration, over the started requests and the first ``window`` waiting ones 
    step by step, so a join that leaves less than that error is a miss the noise decides
    (docs/results/scheduler.md, "Session 24": seed-mix +0.07 point, gamma CV 2 +0.70,
    priority 0 +0.20 / +1.40, fewer misses beyond the clairvoyant's on the demo traces);
-   with ``join_margin0`` > 0
-   (an option, 0 by default) an on-time priority-0 request must also keep slack of at least
-   that fraction of its remaining work (or what the head alone would leave it, if less),
-   so a joiner does not take a priority-0 request's last seconds before the device's
-   timing error shows (docs/results/scheduler.md, Session 8: +0.15 to +3.25 points p0 on
-   seed-mix, held-out and gamma, −0.05 on the demo traces). Decided step by step: a batch keeps
-   going while the slack allows, then members continue alone.
+   with ``join_margin0`` > 0 (an option, 0 by default) an on-time priority-0 request must
+   also keep slack of at least that fraction of its remaining work (or what the head alone
+   would leave it, if less), so a joiner does not take a priority-0 request's last seconds
+   before the device's timing error shows (docs/results/scheduler.md, Session 8: +0.15 to
+   +3.25 points p0 on seed-mix, held-out and gamma, −0.05 on the demo traces). Decided step
+   by step: a batch keeps going while the slack allows, then members continue alone.
 4. **Memory.** A request starts only if its pages fit; otherwise paused requests are moved
    to the host (late ones first, then latest deadline) — the transfer time is part of the
    iteration — and brought back when they run again.
@@ -726,8 +725,9 @@ class SloPolicy(Policy):
             due = c.req.deadline
             after_batch = self._capacity(delta - step, now, c.req.priority, due=due) - work_b
             after_head = self._capacity(delta - head.tau, now, c.req.priority, due=due) - work_h
-            keep = self.join_margin0 * c.rem if c.req.priority == 0 else 0.0
-            keep = max(keep, self.join_sds * self._spread(c) * rem)
+            keep = self.join_sds * self._spread(c) * rem
+            if c.req.priority == 0:
+                keep = max(keep, self.join_margin0 * rem)
             if after_batch < min(keep, after_head) - 1e-9:
                 return False
         return True
