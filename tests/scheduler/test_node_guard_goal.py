@@ -1,7 +1,6 @@
 """slo's FIFO promise beside its latency goal on a node (step 0 with step 4's ``goal``,
 scheduler/node/policies/slo.py): a critical request that can still reach its goal runs at
-its goal degree, and ``guard_soft`` lets one that can still catch up at degree 2 yield to
-an urgent request. Hand-computed on the node factory's round-number profile (1024² steps
+its goal degree. Hand-computed on the node factory's round-number profile (1024² steps
 4 s at degree 1, 2 s at degree 2; 512² steps 1 s at any degree), noise-free."""
 
 import pytest
@@ -38,32 +37,3 @@ def test_a_critical_request_with_a_reachable_goal_runs_at_its_goal_degree():
     out = _finished(run(_pair(nc), "slo", 2, nc, forecast=False, guard=True, goal=0.2))
     assert out["L"] == pytest.approx(8.0)
     assert out["S"] == pytest.approx(16.0, abs=1e-3)
-
-
-def _stream(nc):
-    """A 1024² (4 steps of 4 s, SLO 48 s) at 0, then a 512² (4 s, SLO 12 s) every 4 s
-    (test_node_policies_guard's stream)."""
-    rs = [req("L", 0, size=1024, steps=4, cost=nc.cost)]
-    return rs + [req(f"s{i}", 1 + 4 * i, size=512, steps=4, cost=nc.cost) for i in range(6)]
-
-
-def test_on_one_device_every_critical_request_is_hard():
-    nc = node_cost()
-    opts = dict(forecast=False, guard=True, guard_yield=0.1, guard_yield_priority=2)
-    # Urgent small requests go before the promises: every small one meets its SLO and L,
-    # promised FIFO's 16 s, ends last at 40 s (test_node_policies_guard).
-    out = _finished(run(_stream(nc), "slo", 1, nc, **opts))
-    assert out["L"] == pytest.approx(40.0)
-    # With guard_soft, whatever its margin: one device has no degree 2 to catch up at, so
-    # L is hard and goes before them, as with no yield at all: FIFO's schedule, L at 16 s
-    # and the small ones at 20, 24, ..., 40 s.
-    for b in (0.0, 1.0):
-        out = _finished(run(_stream(nc), "slo", 1, nc, guard_soft=b, **opts))
-        assert out["L"] == pytest.approx(16.0)
-        assert [out[f"s{i}"] for i in range(6)] == pytest.approx([20, 24, 28, 32, 36, 40])
-
-
-def test_guard_soft_is_validated():
-    nc = node_cost()
-    with pytest.raises(ValueError, match="guard_soft"):
-        run(_pair(nc), "slo", 2, nc, guard=True, guard_soft=-0.5)

@@ -19,16 +19,12 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    group of it is free: a wider group keeps the promise too), after only the starving
    requests and the on-time ones of priority ≤ ``guard_yield_priority`` within
    ``guard_yield`` of their SLO window from missing it (default: priority 0 with a quarter
-   of its window left; the trade-off is measured in docs/results/node.md). With
-   ``guard_soft`` = b (an option, off), only the *hard* critical requests go before those,
-   the others right after them: a critical request is soft while it could still keep its
-   promise at degree 2 with its remaining time there × (1 + b) after one more of its
-   degree-1 steps — it can afford to let an urgent request go first and catch up wider,
-   where a hard one cannot (docs/results/node.md, "Session 25"). On a node work is not
-   conserved exactly (a step at degree d > 1 costs more device-seconds than at 1), so this
-   is a check, not a proof: how often promises hold is measured. It keeps the maximum under
-   FIFO's at ρ 0.7 but costs attainment at high load (goodput), hence off by default
-   (docs/results/node.md, "Session 4").
+   of its window left; the trade-off is measured in docs/results/node.md). On a node work
+   is not conserved exactly (a step at degree d > 1 costs more device-seconds than at 1), so
+   this is a check, not a proof: how often promises hold is measured. It keeps the maximum
+   under FIFO's at ρ 0.7 but costs attainment at high load (goodput), hence off by default
+   (docs/results/node.md, "Session 4"; with ``goal`` since session 25: the goal degree for
+   critical requests took the held-out P95 0.566 → 0.532 × fifo's).
 
 1. **Degree needed.** For each request, the least degree d whose predicted time alone
    from now meets its deadline; its *work* is d × that time (device-seconds).
@@ -207,8 +203,8 @@ class NodeSloPolicy(NodePolicy):
     ``margin`` (step 6: fraction of a member's remaining time kept spare for timing error),
     ``park`` (park displaced paused requests on the host), ``order_slack`` (step 5's order,
     in [0, 1]: 0 by arrival, 1 by deadline), ``guard``, ``guard_degree``,
-    ``guard_quantile``, ``guard_margin``, ``guard_yield``, ``guard_yield_priority`` and
-    ``guard_soft`` (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO window; 0: off),
+    ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
+    (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO window; 0: off),
     ``tier_goal``, ``tier_goal_percentile`` and ``tier_goal_window`` (step 4's goal
     measured per tier instead: ``tier_goal.TierGoals``),
     ``split_decodes`` (on: a job with fewer decodes than devices spreads each
@@ -242,7 +238,6 @@ class NodeSloPolicy(NodePolicy):
         guard_margin: float = 0.05,
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
-        guard_soft: float | None = None,
         split_decodes: bool = True,
         split_yield: bool = True,
         goal: float = 0.0,
@@ -295,9 +290,6 @@ class NodeSloPolicy(NodePolicy):
         self.guard_margin = guard_margin
         self.guard_yield = guard_yield
         self.guard_yield_priority = guard_yield_priority
-        if guard_soft is not None and guard_soft < 0:
-            raise ValueError(f"guard_soft must be >= 0 (or None: off), got {guard_soft}")
-        self.guard_soft = guard_soft
         replicas = len(node.groups(guard_degree))  # validates the degree against the node
         self.shadow = FifoShadow(replicas)
         self.flows = FlowBound(guard_quantile)
@@ -414,16 +406,6 @@ class NodeSloPolicy(NodePolicy):
         out.sort(key=lambda c: c.promise)
         return out
 
-    def _soft(self, now: float, c: _Cand) -> bool:
-        """Whether critical ``c`` could still keep its promise at degree 2 with its time
-        there × (1 + ``guard_soft``) after waiting one more of its degree-1 steps (both with
-        ``guard_margin``)."""
-        if len(self.node.degrees) < 2:
-            return False
-        grow = 1.0 + self.guard_margin
-        wait = c.step(0) * grow
-        return now + wait + c.rem(1) * grow * (1.0 + self.guard_soft) <= c.promise
-
     def _goal_degree(self, now: float, c: _Cand) -> int:
         """The least degree (of parallel efficiency >= ``EFFICIENCY``, at least its need)
         at which scaling ``c`` still finishes by its latency goal with ``margin`` (step 4);
@@ -511,9 +493,6 @@ class NodeSloPolicy(NodePolicy):
         urgent = [c for c in ontime if self._urgent(now, c)]
         left: list[_Cand] = []
         critical = self._critical_all(now, view, cands, running) if self.guard else []
-        if critical and self.guard_soft is not None:
-            hard = [c for c in critical if not self._soft(now, c)]
-            self._place_promised(now, placer, hard, placed, done)
         if critical and self.guard_yield > 0:
             # On-time requests of priority <= ``guard_yield_priority`` within ``guard_yield``
             # of their SLO window from missing it go before the promises.
