@@ -406,21 +406,22 @@ class NodeSloPolicy(NodePolicy):
         out.sort(key=lambda c: c.promise)
         return out
 
+    def _goal_due(self, r: Request) -> float | None:
+        """When ``r`` should finish by its latency goal (s): arrival + its tier's measured
+        goal (``tier_goal``) or + ``goal`` × its SLO window; None without one."""
+        if self.tier_goals is not None:
+            g = self._tier_due.get(tier_of(r))
+            return None if g is None else r.arrival + g
+        if self.goal > 0:
+            return r.arrival + self.goal * (r.deadline - r.arrival)
+        return None
+
     def _goal_degree(self, now: float, c: _Cand) -> int:
         """The least degree (of parallel efficiency >= ``EFFICIENCY``, at least its need)
         at which scaling ``c`` still finishes by its latency goal with ``margin`` (step 4);
         1 without a goal, for a request that does not scale, or when none does."""
-        r = c.req
-        if self.tier_goals is not None:
-            g = self._tier_due.get(tier_of(r))
-            if g is None:
-                return 1
-            due = r.arrival + g
-        elif self.goal > 0:
-            due = r.arrival + self.goal * (r.deadline - r.arrival)
-        else:
-            return 1
-        if not self._scales(c):
+        due = self._goal_due(c.req)
+        if due is None or not self._scales(c):
             return 1
         degrees = self.node.degrees
         for k in range(len(degrees)):
@@ -703,13 +704,9 @@ class NodeSloPolicy(NodePolicy):
             if not self._scales(c):
                 continue
             r = c.req
-            if self.tier_goals is not None:
-                g = self._tier_due.get(tier_of(r))
-                if g is None:
-                    continue  # no goal for its tier: not a target, not lost
-                due = r.arrival + g
-            else:
-                due = r.arrival + self.goal * (r.deadline - r.arrival)
+            due = self._goal_due(r)
+            if due is None:
+                continue  # no goal for its tier: not a target, not lost
             for k in range(1, len(degrees)):
                 if c.tau[0] / c.tau[k] / degrees[k] < EFFICIENCY:
                     lost.append(c)
