@@ -423,13 +423,20 @@ class NodeSloPolicy(NodePolicy):
         due = self._goal_due(c.req)
         if due is None or not self._scales(c):
             return 1
+        k = self._goal_k(now, c, due, 0)
+        return 1 if k is None else self.node.degrees[k]
+
+    def _goal_k(self, now: float, c: _Cand, due: float, first: int) -> int | None:
+        """The index of the least node degree from the ``first``-th on, of parallel
+        efficiency >= ``EFFICIENCY`` and at least ``c``'s need, at which ``c`` finishes by
+        ``due`` with ``margin``; None when none does."""
         degrees = self.node.degrees
-        for k in range(len(degrees)):
+        for k in range(first, len(degrees)):
             if c.tau[0] / c.tau[k] / degrees[k] < EFFICIENCY:
-                return 1
+                return None
             if degrees[k] >= c.need and now + c.rem(k) * (1.0 + self.margin) <= due:
-                return degrees[k]
-        return 1
+                return k
+        return None
 
     def _promise_degree(self, now: float, c: _Cand) -> int:
         """The least degree that still keeps ``c``'s promise as predicted (the margin only
@@ -698,7 +705,6 @@ class NodeSloPolicy(NodePolicy):
         the node's devices last and ``_fits`` holds. Sets ``_goal_lost``: those that had
         a reachable goal once (``_goal_seen``) and are not targets now."""
         degrees = self.node.degrees
-        grow = 1.0 + self.margin
         pool, lost = [], []
         for c in ontime:
             if not self._scales(c):
@@ -707,16 +713,12 @@ class NodeSloPolicy(NodePolicy):
             due = self._goal_due(r)
             if due is None:
                 continue  # no goal for its tier: not a target, not lost
-            for k in range(1, len(degrees)):
-                if c.tau[0] / c.tau[k] / degrees[k] < EFFICIENCY:
-                    lost.append(c)
-                    break
-                if degrees[k] >= c.need and now + c.rem(k) * grow <= due:
-                    pool.append((due, r.arrival, r.id, c, k))
-                    self._goal_seen.add(r.id)
-                    break
-            else:
+            k = self._goal_k(now, c, due, 1)
+            if k is None:
                 lost.append(c)
+            else:
+                pool.append((due, r.arrival, r.id, c, k))
+                self._goal_seen.add(r.id)
         pool.sort(key=lambda t: t[:3])
         chosen: list[tuple[_Cand, int, float]] = []
         devices = 0
