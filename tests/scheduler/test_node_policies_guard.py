@@ -1,6 +1,7 @@
 """slo's FIFO promise on a node (step 0 of scheduler/node/policies/slo.py): promises from the
 FIFO shadow against the simulated fifo baseline, and the guard keeping them by hand."""
 
+import pytest
 from node_factories import node_cost
 from sched_factories import req
 
@@ -89,3 +90,30 @@ def test_the_guard_is_off_by_default():
     pol = make_node_policy("slo", nc, node, forecast=False)
     simulate_node(_stream(nc), pol, node, noise=TimingNoise(0.0))
     assert not pol.guard and pol.promises == {}
+
+
+def test_a_promise_floor_lets_small_requests_go_first_within_it():
+    nc = node_cost()
+    # guard_floor f: each promise is at least arrival + f × the request's own time alone
+    # at degree 1, so early in a trace (running maximum FIFO flow still low) a large
+    # request is not critical at once. The small ones' promises are unchanged (their FIFO
+    # finishes: f × 4 s is under the running maximum).
+    pol, out = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.0,
+                         guard_floor=2.0)
+    assert pol.promises["L"] == 32.0  # max(FIFO's 16 s, 2 × 16 s)
+    assert [pol.promises[f"s{i}"] for i in range(6)] == [20.0, 24.0, 28.0, 32.0, 36.0, 40.0]
+    # L runs its first step (0-4 s); its latest start at degree 1 (32 − 3 steps × 4 s ×
+    # 1.05 margin = 19.4 s) is more than one step (4.2 s) away until 16 s, so s0, s1 and s2
+    # (arriving at 1, 5, 9 s; deadlines 13, 17, 21 s) run by deadline at 4-8, 8-12 and
+    # 12-16 s; then L is critical and runs its last three steps, 16-28 s, inside its
+    # promise. Without the floor (the test above) s0-s2 miss.
+    assert out["L"].finished == 28.0 <= pol.promises["L"]
+    assert [out[f"s{i}"].finished for i in range(3)] == [8.0, 12.0, 16.0]
+    assert all(out[f"s{i}"].met for i in range(3))
+    assert all(r.finished <= pol.promises[rid] + 1e-9 for rid, r in out.items())
+
+
+def test_a_negative_promise_floor_is_refused():
+    nc = node_cost()
+    with pytest.raises(ValueError, match="guard_floor"):
+        make_node_policy("slo", nc, Node(2, nc.links), guard_floor=-1.0)

@@ -203,8 +203,9 @@ class NodeSloPolicy(NodePolicy):
     ``margin`` (step 6: fraction of a member's remaining time kept spare for timing error),
     ``park`` (park displaced paused requests on the host), ``order_slack`` (step 5's order,
     in [0, 1]: 0 by arrival, 1 by deadline), ``guard``, ``guard_degree``,
-    ``guard_quantile``, ``guard_margin``, ``guard_yield`` and ``guard_yield_priority``
-    (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO window; 0: off),
+    ``guard_quantile``, ``guard_margin``, ``guard_yield``, ``guard_yield_priority`` and
+    ``guard_floor`` (step 0), ``goal`` (step 4's latency goal, a fraction of the SLO
+    window; 0: off),
     ``tier_goal``, ``tier_goal_percentile`` and ``tier_goal_window`` (step 4's goal
     measured per tier instead: ``tier_goal.TierGoals``),
     ``split_decodes`` (on: a job with fewer decodes than devices spreads each
@@ -238,6 +239,7 @@ class NodeSloPolicy(NodePolicy):
         guard_margin: float = 0.05,
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
+        guard_floor: float = 0.0,
         split_decodes: bool = True,
         split_yield: bool = True,
         goal: float = 0.0,
@@ -290,6 +292,9 @@ class NodeSloPolicy(NodePolicy):
         self.guard_margin = guard_margin
         self.guard_yield = guard_yield
         self.guard_yield_priority = guard_yield_priority
+        if not guard_floor >= 0.0:
+            raise ValueError(f"guard_floor must be >= 0, got {guard_floor}")
+        self.guard_floor = guard_floor
         replicas = len(node.groups(guard_degree))  # validates the degree against the node
         self.shadow = FifoShadow(replicas)
         self.flows = FlowBound(guard_quantile)
@@ -354,7 +359,8 @@ class NodeSloPolicy(NodePolicy):
             if r.id in self.shadow:
                 continue
             entry = self.shadow.add(r.id, r.arrival, self.ncost.standalone(r, d))
-            budget = self.flows.see(entry.flow)
+            budget = max(self.flows.see(entry.flow),
+                         self.guard_floor * self.ncost.standalone(r, 1))
             self.promises[r.id] = max(entry.finish, r.arrival + budget)
 
     def _critical_all(self, now, view, cands, running) -> list[_Cand]:
