@@ -117,3 +117,26 @@ def test_a_negative_promise_floor_is_refused():
     nc = node_cost()
     with pytest.raises(ValueError, match="guard_floor"):
         make_node_policy("slo", nc, Node(2, nc.links), guard_floor=-1.0)
+
+
+def test_the_guard_stands_down_while_the_measured_load_is_above_guard_load():
+    nc = node_cost()
+    # The stream: 16 s (L) + 6 × 4 s of work alone, arriving over 0-21 s; the longest SLO
+    # window is L's 48 s, the least span the estimate divides by. So the measured load on
+    # one device is 16 / 48 = 0.33 from t = 0 and 40 / 48 = 0.83 once all have arrived.
+    pol, on = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.0,
+                        guard_load=1.0)
+    assert pol._measured_load(30.0) == 40 / 48
+    assert on["L"].finished == 16.0  # always under 1.0: the guard keeps FIFO's 16 s
+    # guard_load 0.3: over it from the first arrival, so step 0 never acts and the run is
+    # the one without the guard (L last, at 40 s; every small one on time).
+    _, off = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.0,
+                       guard_load=0.3)
+    assert off["L"].finished == 40.0
+    assert all(r.met for r in off.values())
+
+
+def test_a_negative_guard_load_is_refused():
+    nc = node_cost()
+    with pytest.raises(ValueError, match="guard_load"):
+        make_node_policy("slo", nc, Node(2, nc.links), guard_load=-0.5)

@@ -24,7 +24,13 @@ the paused started requests and the first ``window`` waiting ones by deadline:
    this is a check, not a proof: how often promises hold is measured. It keeps the maximum
    under FIFO's at ρ 0.7 but costs attainment at high load (goodput), hence off by default
    (docs/results/node.md, "Session 4"; with ``goal`` since session 25: the goal degree for
-   critical requests took the held-out P95 0.566 → 0.532 × fifo's).
+   critical requests took the held-out P95 0.566 → 0.532 × fifo's). ``guard_floor`` f
+   (0: off) raises each promise to at least A_i + f × the request's own time alone at
+   degree 1: early in a trace F_i is still low, and a 2048² promised its bare FIFO finish
+   is critical at once and takes devices from urgent smaller requests, which are then
+   given up (session 26: with ``goal=0.17``, ``guard_floor=1.6`` and ``guard_yield=0.1``
+   the held-out P95 0.532 → 0.491 × fifo's, every seed set's P99 and maximum under
+   fifo's; docs/results/node.md, "Session 26").
 
 1. **Degree needed.** For each request, the least degree d whose predicted time alone
    from now meets its deadline; its *work* is d × that time (device-seconds).
@@ -140,6 +146,7 @@ the job: with moves priced so, parking cut the wait for busy devices from 1,404 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 from ...fifo_shadow import FifoShadow, FlowBound
 from ...policies.forecast import ArrivalForecast
@@ -168,6 +175,10 @@ AGING = 10.0
 #: longest wait for a paused request's busy devices that a move may take, in its steps at the
 #: new degree (any wait when it is urgent or late)
 MOVE_WAIT = 1.0
+#: arrivals behind step 0's load estimate (``guard_load``): at ρ 0.7 on 8 × h200 it
+#: reads 0.62-0.83 over 2,000-request traces, at ρ 0.9 0.79-1.07 (docs/results/node.md,
+#: "Session 26")
+LOAD_WINDOW = 500
 
 
 class _Cand:
@@ -240,6 +251,7 @@ class NodeSloPolicy(NodePolicy):
         guard_yield: float = 0.25,
         guard_yield_priority: int = 0,
         guard_floor: float = 0.0,
+        guard_load: float = 0.0,
         split_decodes: bool = True,
         split_yield: bool = True,
         goal: float = 0.0,
@@ -295,6 +307,14 @@ class NodeSloPolicy(NodePolicy):
         if not guard_floor >= 0.0:
             raise ValueError(f"guard_floor must be >= 0, got {guard_floor}")
         self.guard_floor = guard_floor
+        if not guard_load >= 0.0:
+            raise ValueError(f"guard_load must be >= 0, got {guard_load}")
+        self.guard_load = guard_load
+        #: (arrival, time alone at degree 1) of the last ``LOAD_WINDOW`` arrivals, their
+        #: sum of times alone, and the longest SLO window seen (``_measured_load``)
+        self._load_seen: deque[tuple[float, float]] = deque(maxlen=LOAD_WINDOW)
+        self._load_work = 0.0
+        self._longest = 0.0
         replicas = len(node.groups(guard_degree))  # validates the degree against the node
         self.shadow = FifoShadow(replicas)
         self.flows = FlowBound(guard_quantile)
@@ -358,6 +378,7 @@ class NodeSloPolicy(NodePolicy):
         for r in view.waiting.arrived_after(self.shadow.latest):
             if r.id in self.shadow:
                 continue
+            self._see_load(r)
             entry = self.shadow.add(r.id, r.arrival, self.ncost.standalone(r, d))
             budget = max(self.flows.see(entry.flow),
                          self.guard_floor * self.ncost.standalone(r, 1))
@@ -411,6 +432,28 @@ class NodeSloPolicy(NodePolicy):
                 out.append(c)
         out.sort(key=lambda c: c.promise)
         return out
+
+    def _see_load(self, r: Request) -> None:
+        if len(self._load_seen) == LOAD_WINDOW:
+            self._load_work -= self._load_seen[0][1]
+        alone = self.ncost.standalone(r, 1)
+        self._load_seen.append((r.arrival, alone))
+        self._load_work += alone
+        self._longest = max(self._longest, r.deadline - r.arrival)
+
+    def _measured_load(self, now: float) -> float:
+        """The load of the last ``LOAD_WINDOW`` arrivals: their times alone at degree 1 ÷
+        their span (at least the longest SLO window seen, so a burst at start-up does not
+        read as overload) ÷ D; 0 before any."""
+        if not self._load_seen:
+            return 0.0
+        span = max(now - self._load_seen[0][0], self._longest)
+        return self._load_work / span / self.node.devices
+
+    def _guard_on(self, now: float) -> bool:
+        """Whether step 0 acts now: always, or with ``guard_load`` > 0 while the measured
+        load is at most it."""
+        return self.guard_load <= 0 or self._measured_load(now) <= self.guard_load
 
     def _goal_due(self, r: Request) -> float | None:
         """When ``r`` should finish by its latency goal (s): arrival + its tier's measured
@@ -506,7 +549,8 @@ class NodeSloPolicy(NodePolicy):
         starving = [c for c in late if self._starving(now, c)]
         urgent = [c for c in ontime if self._urgent(now, c)]
         left: list[_Cand] = []
-        critical = self._critical_all(now, view, cands, running) if self.guard else []
+        critical = (self._critical_all(now, view, cands, running)
+                    if self.guard and self._guard_on(now) else [])
         if critical and self.guard_yield > 0:
             # On-time requests of priority <= ``guard_yield_priority`` within ``guard_yield``
             # of their SLO window from missing it go before the promises.
