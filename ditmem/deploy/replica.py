@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -310,9 +311,14 @@ class EngineReplica:
             await asyncio.sleep(self.post_period_s)
 
     def __del__(self):
+        # Ray Serve calls this at shutdown, but the garbage collector may too: on any thread,
+        # at any allocation, possibly while that thread holds the engine's intake lock
+        # (Engine.stop takes it, then joins the engine thread). So never block here: stop
+        # the engine from a thread of its own.
         for task in (getattr(self, "_poster", None), getattr(self, "_mover", None)):
             if task is not None:
                 task.cancel()
         engine = getattr(self, "engine", None)
         if engine is not None:
-            engine.stop()
+            threading.Thread(target=engine.stop, name=f"stop-{getattr(self, 'name', '?')}",
+                             daemon=True).start()

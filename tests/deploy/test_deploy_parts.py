@@ -306,3 +306,26 @@ def test_a_blob_the_object_store_refuses_stays_and_finishes_here(tiny_gen):
     assert messages[0]["result"].timing.steps_run == 30
     assert replica.moved["out"] == 0
     assert engine.pool.num_used_pages == 0 and engine.host.num_used_pages == 0
+
+
+def test_a_replica_finalizer_never_blocks_on_its_engine(tiny_gen):
+    import threading
+    import time
+
+    pytest.importorskip("ray", reason="ray[serve] is not installed")
+    engine, _ = parked_engine(tiny_gen)
+    replica = replica_on(engine, FakeBoard({}))
+    # The garbage collector may finalize a replica on a thread that holds the engine's
+    # intake lock (seen: a collection inside _parked_routes' locked section hung the
+    # suite). Here another thread holds it: the finalizer must still return at once.
+    finalized = threading.Event()
+    with engine.intake.lock:
+        worker = threading.Thread(target=lambda: (replica.__del__(), finalized.set()),
+                                  daemon=True)
+        worker.start()
+        assert finalized.wait(5.0), "EngineReplica.__del__ blocked on the engine's lock"
+        assert not engine.intake.stopping  # the stop waits for the lock, off this thread
+    deadline = time.monotonic() + 5.0
+    while not engine.intake.stopping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.intake.stopping  # and happens once the lock is free
