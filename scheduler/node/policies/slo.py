@@ -382,10 +382,11 @@ class NodeSloPolicy(NodePolicy):
         for r in view.waiting.arrived_after(self.shadow.latest):
             if r.id in self.shadow:
                 continue
-            self._see_load(r)
-            entry = self.shadow.add(r.id, r.arrival, self.ncost.standalone(r, d))
-            budget = max(self.flows.see(entry.flow),
-                         self.guard_floor * self.ncost.standalone(r, 1))
+            alone = self.ncost.standalone(r, 1)
+            self._see_load(r, alone)
+            shadow_s = alone if d == 1 else self.ncost.standalone(r, d)
+            entry = self.shadow.add(r.id, r.arrival, shadow_s)
+            budget = max(self.flows.see(entry.flow), self.guard_floor * alone)
             self.promises[r.id] = max(entry.finish, r.arrival + budget)
 
     def _critical_all(self, now, view, cands, running) -> list[_Cand]:
@@ -437,10 +438,11 @@ class NodeSloPolicy(NodePolicy):
         out.sort(key=lambda c: c.promise)
         return out
 
-    def _see_load(self, r: Request) -> None:
+    def _see_load(self, r: Request, alone: float) -> None:
+        """Count arrival ``r`` (``alone``: its time alone at degree 1, s) in the load
+        estimate."""
         if len(self._load_seen) == LOAD_WINDOW:
             self._load_work -= self._load_seen[0][1]
-        alone = self.ncost.standalone(r, 1)
         self._load_seen.append((r.arrival, alone))
         self._load_work += alone
         self._longest = max(self._longest, r.deadline - r.arrival)
