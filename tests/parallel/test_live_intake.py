@@ -107,7 +107,7 @@ def test_node_loop_through_the_live_intake_drops_a_cancelled_request():
     assert dropped == [("b", True)]
     runs_of_b = [batch for batch in launched if "b" in batch]
     assert len(runs_of_b) == 1                  # never run after the cancel
-    assert policy._static == {} and policy.shadow._entries == {}
+    assert policy._static == {} and policy.promise.shadow._entries == {}
 
 
 def test_feed_trace_pushes_at_arrival_times_then_closes():

@@ -5,7 +5,9 @@ import pytest
 from node_factories import node_cost
 from sched_factories import req
 
+from ditmem.scheduler.node.plan import NodeStatus
 from ditmem.scheduler.node.policies import make_node_policy
+from ditmem.scheduler.node.policies.promise import FifoPromise
 from ditmem.scheduler.node.simulator import simulate_node
 from ditmem.scheduler.node.topology import Node
 from ditmem.scheduler.noise import TimingNoise
@@ -126,7 +128,7 @@ def test_the_guard_stands_down_while_the_measured_load_is_above_guard_load():
     # one device is 16 / 48 = 0.33 from t = 0 and 40 / 48 = 0.83 once all have arrived.
     pol, on = _simulate(_stream(nc), "slo", 1, nc, forecast=False, guard_yield=0.0,
                         guard_load=1.0)
-    assert pol._measured_load(30.0) == 40 / 48
+    assert pol.promise.measured_load(30.0) == 40 / 48
     assert on["L"].finished == 16.0  # always under 1.0: the guard keeps FIFO's 16 s
     # guard_load 0.3: over it from the first arrival, so step 0 never acts and the run is
     # the one without the guard (L last, at 40 s; every small one on time).
@@ -140,3 +142,39 @@ def test_a_negative_guard_load_is_refused():
     nc = node_cost()
     with pytest.raises(ValueError, match="guard_load"):
         make_node_policy("slo", nc, Node(2, nc.links), guard_load=-0.5)
+
+
+class _Fake:
+    """What ``FifoPromise.critical`` reads of a candidate: remaining and step times at
+    degree 1, the request's id, and whether it is running."""
+
+    def __init__(self, rid, rem, step, running=False):
+        self.req = type("R", (), {"id": rid})()
+        self._rem, self._step = rem, step
+        self.item = NodeStatus(req(rid, 0.0), running=True) if running else None
+
+    def rem(self, k):
+        return self._rem
+
+    def step(self, k):
+        return self._step
+
+
+def test_critical_requests_are_those_whose_latest_start_is_within_a_step():
+    nc = node_cost()
+    promise = FifoPromise(nc, Node(1, nc.links), margin=0.0)
+    promise.promises.update({"a": 10.0, "b": 20.0, "c": 21.0})
+    a, b, c = _Fake("a", 4.0, 1.0), _Fake("b", 6.0, 1.0), _Fake("c", 5.0, 1.0)
+    # One device, latest promise first: c starts at 21 - 5 = 16, b at min(20, 16) - 6 = 10,
+    # a at min(10, 10) - 4 = 6. At t = 5 only a starts within one step (6 - 5 <= 1).
+    assert promise.critical(5.0, [a, b, c]) == [a]
+    assert (a.promise, b.promise, c.promise) == (10.0, 20.0, 21.0)
+    # At t = 9.5 b's latest start (10) is within a step too; by promise: a, then b.
+    assert promise.critical(9.5, [c, b, a]) == [a, b]
+    # A running one holds its place in the list schedule but is never critical itself.
+    ra = _Fake("a", 4.0, 1.0, running=True)
+    assert promise.critical(9.5, [ra, b, c]) == [b]
+    # Two devices: b and c no longer queue behind each other (b starts at 14).
+    two = FifoPromise(nc, Node(2, nc.links), margin=0.0)
+    two.promises.update(promise.promises)
+    assert two.critical(9.5, [a, b, c]) == [a]

@@ -3,38 +3,18 @@
 Decided whenever devices are idle and something changed (an arrival, a step's end), over
 the paused started requests and the first ``window`` waiting ones by deadline:
 
-0. **The FIFO promise** (``guard``, off by default). Every arrival is queued in a shadow of
-   the best static FIFO deployment (``guard_degree``: D / d replicas of degree d, each
-   request's predicted standalone time at d, run to completion;
-   ``ditmem.scheduler.fifo_shadow``): its FIFO finish f_i and a promise ``max(f_i, A_i +
-   F_i)``, F_i the running ``guard_quantile`` of the shadow's flows (1: the running
-   maximum). A promise kept for every request bounds the maximum latency by FIFO's (and,
-   with quantile q, each flow by max(own FIFO flow, F_i)). Promises are nondecreasing in
-   arrival order, so an as-late-as-possible list schedule at degree 1 of the started and the
-   first ``window`` waiting requests by arrival, latest promise first on D devices
-   (``guard_margin`` on each remaining time for timing error), gives each its latest start;
-   a request whose latest start falls within one of its steps is *critical* and is placed
-   first, at the least degree that still keeps its promise (the largest free one when none
-   does; with a latency ``goal``, at least the degree that still reaches the goal where a
-   group of it is free: a wider group keeps the promise too), after only the starving
-   requests and the on-time ones of priority ≤ ``guard_yield_priority`` within
-   ``guard_yield`` of their SLO window from missing it (default: priority 0 with a quarter
-   of its window left; the trade-off is measured in docs/results/node.md). On a node work
-   is not conserved exactly (a step at degree d > 1 costs more device-seconds than at 1), so
-   this is a check, not a proof: how often promises hold is measured. It keeps the maximum
-   under FIFO's at ρ 0.7 but costs attainment at high load (goodput), hence off by default
-   (docs/results/node.md, "Session 4"; with ``goal`` since session 25: the goal degree for
-   critical requests took the held-out P95 0.566 → 0.532 × fifo's). ``guard_floor`` f
-   (0: off) raises each promise to at least A_i + f × the request's own time alone at
-   degree 1: early in a trace F_i is still low, and a 2048² promised its bare FIFO finish
-   is critical at once and takes devices from urgent smaller requests, which are then
-   given up (session 26: with ``goal=0.17``, ``guard_floor=1.6`` and ``guard_yield=0.1``
-   the held-out P95 0.532 → 0.491 × fifo's, every seed set's P99 and maximum under
-   fifo's; docs/results/node.md, "Session 26"). Near saturation FIFO's own backlog grows,
-   each arrival's promise is its bare FIFO finish and keeping them all runs FIFO's order
-   (seed-mix ρ 0.92: 94.7 % against 99.95 % without the guard); ``guard_load`` (0: off)
-   stands the guard down while the load of the last ``LOAD_WINDOW`` arrivals exceeds it
-   (``_measured_load``).
+0. **The FIFO promise** (``guard``, off by default; ``promise.FifoPromise``). Every arrival
+   is promised a finish from a shadow of the best static FIFO deployment (``guard_degree``,
+   ``guard_quantile``, ``guard_floor``; gated by ``guard_load``); a request whose latest
+   start for keeping every promise falls within one of its steps (``guard_margin``) is
+   *critical* and is placed first, at the least degree that still keeps its promise (the
+   largest free one when none does; with a latency ``goal``, at least the degree that
+   still reaches the goal where a group of it is free: a wider group keeps the promise
+   too), after only the starving requests and the on-time ones of priority ≤
+   ``guard_yield_priority`` within ``guard_yield`` of their SLO window from missing it
+   (default: priority 0 with a quarter of its window left). It keeps the maximum under
+   FIFO's at ρ 0.7 on 8 × h200, but costs attainment at high load and on small nodes,
+   hence off (docs/results/node.md, sessions 4, 25–27).
 
 1. **Degree needed.** For each request, the least degree d whose predicted time alone
    from now meets its deadline; its *work* is d × that time (device-seconds).
@@ -150,15 +130,14 @@ the job: with moves priced so, parking cut the wait for busy devices from 1,404 
 from __future__ import annotations
 
 import heapq
-from collections import deque
 
-from ...fifo_shadow import FifoShadow, FlowBound
 from ...policies.forecast import ArrivalForecast
 from ...request import Request
 from ..cost import NodeCost
 from ..plan import Assignment, NodePlan, NodeStatus, NodeView
 from ..topology import Group, Node
 from .base import NodePolicy, Placer, best_group
+from .promise import FifoPromise
 from .tier_goal import TierGoals, tier_of
 
 INF = float("inf")
@@ -179,10 +158,6 @@ AGING = 10.0
 #: longest wait for a paused request's busy devices that a move may take, in its steps at the
 #: new degree (any wait when it is urgent or late)
 MOVE_WAIT = 1.0
-#: arrivals behind step 0's load estimate (``guard_load``): at ρ 0.7 on 8 × h200 it
-#: reads 0.62-0.83 over 2,000-request traces, at ρ 0.9 0.79-1.07 (docs/results/node.md,
-#: "Session 26")
-LOAD_WINDOW = 500
 
 
 class _Cand:
@@ -304,26 +279,11 @@ class NodeSloPolicy(NodePolicy):
         self._late: tuple[str, ...] = ()
         self._static: dict[str, tuple] = {}
         self.guard = guard
-        self.guard_degree = guard_degree
-        self.guard_margin = guard_margin
         self.guard_yield = guard_yield
         self.guard_yield_priority = guard_yield_priority
-        if not guard_floor >= 0.0:
-            raise ValueError(f"guard_floor must be >= 0, got {guard_floor}")
-        self.guard_floor = guard_floor
-        if not guard_load >= 0.0:
-            raise ValueError(f"guard_load must be >= 0, got {guard_load}")
-        self.guard_load = guard_load
-        #: (arrival, time alone at degree 1) of the last ``LOAD_WINDOW`` arrivals, their
-        #: sum of times alone, and the longest SLO window seen (``_measured_load``)
-        self._load_seen: deque[tuple[float, float]] = deque(maxlen=LOAD_WINDOW)
-        self._load_work = 0.0
-        self._longest = 0.0
-        replicas = len(node.groups(guard_degree))  # validates the degree against the node
-        self.shadow = FifoShadow(replicas)
-        self.flows = FlowBound(guard_quantile)
-        #: id → promised finish (s), kept after the request finishes (to measure).
-        self.promises: dict[str, float] = {}
+        #: step 0's promises (validated and kept even with the guard off, then empty)
+        self.promise = FifoPromise(ncost, node, degree=guard_degree, quantile=guard_quantile,
+                                   margin=guard_margin, floor=guard_floor, load=guard_load)
         # Degree 4 (or the node's largest below it) decides whether a request "scales".
         self._k4 = min(2, len(node.degrees) - 1)
 
@@ -376,18 +336,10 @@ class NodeSloPolicy(NodePolicy):
         return [c for c in ontime if not c.late]
 
     # ---- the decision ------------------------------------------------------------------
-    def _promise_new(self, view: NodeView) -> None:
-        """Step 0: queue the arrivals since the last decision in the FIFO shadow."""
-        d = self.guard_degree
-        for r in view.waiting.arrived_after(self.shadow.latest):
-            if r.id in self.shadow:
-                continue
-            alone = self.ncost.standalone(r, 1)
-            self._see_load(r, alone)
-            shadow_s = alone if d == 1 else self.ncost.standalone(r, d)
-            entry = self.shadow.add(r.id, r.arrival, shadow_s)
-            budget = max(self.flows.see(entry.flow), self.guard_floor * alone)
-            self.promises[r.id] = max(entry.finish, r.arrival + budget)
+    @property
+    def promises(self) -> dict[str, float]:
+        """Step 0's promised finish per request id (s; empty with the guard off)."""
+        return self.promise.promises
 
     def _critical_all(self, now, view, cands, running) -> list[_Cand]:
         """Step 0's check over ``cands`` (paused and the deadline window) and the first
@@ -398,7 +350,7 @@ class NodeSloPolicy(NodePolicy):
             for r in view.waiting.iter_by("arrival", self.window)
             if r.id not in seen
         ]
-        return self._critical(now, cands + extra, running)
+        return self.promise.critical(now, cands + extra + running)
 
     def _place_promised(self, now, placer, critical, placed, done) -> None:
         """Step 0's placement: each at the least degree keeping its promise, else any; one
@@ -416,50 +368,6 @@ class NodeSloPolicy(NodePolicy):
             if a is not None:
                 placed.append((a, [c]))
                 done.add(id(c))
-
-    def _critical(self, now: float, cands: list[_Cand], running: list[_Cand]) -> list[_Cand]:
-        """Step 0's check: the not-running candidates whose as-late-as-possible start (list
-        schedule at degree 1, latest promise first, on D devices) is within one step."""
-        pool = cands + running
-        for c in pool:
-            c.promise = self.promises.get(c.req.id, INF)
-        pool.sort(key=lambda c: c.promise, reverse=True)
-        free_until = [-INF] * self.node.devices  # negated: a max-heap of latest free times
-        grow = 1.0 + self.guard_margin
-        out = []
-        for c in pool:
-            latest = -heapq.heappop(free_until)
-            start = min(c.promise, latest) - c.rem(0) * grow
-            heapq.heappush(free_until, -start)
-            if start - now <= c.step(0) * grow and not (
-                isinstance(c.item, NodeStatus) and c.item.running
-            ):
-                out.append(c)
-        out.sort(key=lambda c: c.promise)
-        return out
-
-    def _see_load(self, r: Request, alone: float) -> None:
-        """Count arrival ``r`` (``alone``: its time alone at degree 1, s) in the load
-        estimate."""
-        if len(self._load_seen) == LOAD_WINDOW:
-            self._load_work -= self._load_seen[0][1]
-        self._load_seen.append((r.arrival, alone))
-        self._load_work += alone
-        self._longest = max(self._longest, r.deadline - r.arrival)
-
-    def _measured_load(self, now: float) -> float:
-        """The load of the last ``LOAD_WINDOW`` arrivals: their times alone at degree 1 ÷
-        their span (at least the longest SLO window seen, so a burst at start-up does not
-        read as overload) ÷ D; 0 before any."""
-        if not self._load_seen:
-            return 0.0
-        span = max(now - self._load_seen[0][0], self._longest)
-        return self._load_work / span / self.node.devices
-
-    def _guard_on(self, now: float) -> bool:
-        """Whether step 0 acts now: always, or with ``guard_load`` > 0 while the measured
-        load is at most it."""
-        return self.guard_load <= 0 or self._measured_load(now) <= self.guard_load
 
     def _goal_due(self, r: Request) -> float | None:
         """When ``r`` should finish by its latency goal (s): arrival + its tier's measured
@@ -510,7 +418,7 @@ class NodeSloPolicy(NodePolicy):
         now = view.now
         self._shape_now = {}
         if self.guard:
-            self._promise_new(view)
+            self.promise.see(view)
         if self.forecast is not None:
             self.forecast.see(view.waiting.arrived_after(self.forecast.latest))
         if self.tier_goals is not None:
@@ -556,7 +464,7 @@ class NodeSloPolicy(NodePolicy):
         urgent = [c for c in ontime if self._urgent(now, c)]
         left: list[_Cand] = []
         critical = (self._critical_all(now, view, cands, running)
-                    if self.guard and self._guard_on(now) else [])
+                    if self.guard and self.promise.acts(now) else [])
         if critical and self.guard_yield > 0:
             # On-time requests of priority <= ``guard_yield_priority`` within ``guard_yield``
             # of their SLO window from missing it go before the promises.
@@ -969,7 +877,7 @@ class NodeSloPolicy(NodePolicy):
         if self.tier_goals is not None:
             self.tier_goals.forget(request_id)
         self._goal_seen.discard(request_id)
-        self.shadow.forget(request_id)
+        self.promise.forget(request_id)
 
     def observe(self, report) -> None:
         super().observe(report)
