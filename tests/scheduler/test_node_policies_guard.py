@@ -149,9 +149,9 @@ class _Fake:
     degree 1, the request's id, and whether it is running."""
 
     def __init__(self, rid, rem, step, running=False):
-        self.req = type("R", (), {"id": rid})()
+        self.req = req(rid, 0.0)
         self._rem, self._step = rem, step
-        self.item = NodeStatus(req(rid, 0.0), running=True) if running else None
+        self.item = NodeStatus(self.req, running=True) if running else None
 
     def rem(self, k):
         return self._rem
